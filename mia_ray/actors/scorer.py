@@ -1,0 +1,102 @@
+"""Scorer: the model role that turns snippets into token-level statistics, one forward pass each.
+
+From one pass we keep, per snippet, everything every reference-free attack needs
+(``mia_ray.features.attacks``): the observed tokens' log-probs and the mean and std of
+log p(z) over the vocabulary at each position (Min-K%++, Zhang et al. 2024). The lowercase
+attack needs the lowercased text, a different input, so it gets its own pass here too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from mia_ray.errors import MiaError
+
+
+class Scorer:
+    """``Dataset.map_batches(Scorer, fn_constructor_kwargs=..., batch_format="pandas")``.
+
+    Input rows carry ``snippet_id`` and ``text``; output rows carry ``snippet_id``,
+    ``n_tokens`` and, with ``prefix`` = "" (target) or "ref_" (reference model):
+    ``token_logprobs``, ``mu``, ``sigma`` (lists, length n_tokens - 1), ``loss`` (mean NLL)
+    and, when ``lowercase`` is on, ``lower_loss``.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        device: str = "auto",
+        dtype: str = "auto",
+        max_length: int = 512,
+        revision: str = "",
+        gguf_file: str = "",
+        trust_remote_code: bool = False,
+        torch_threads: int = 0,
+        lowercase: bool = True,
+        token_stats: bool = True,
+        prefix: str = "",
+    ):
+        from mia_ray.models.hf import load_causal_lm, set_torch_threads
+
+        set_torch_threads(torch_threads)
+        self.model, self.tok, self.device = load_causal_lm(
+            model, device, dtype, revision, trust_remote_code, gguf_file
+        )
+        ctx = getattr(self.model.config, "max_position_embeddings", None) or getattr(
+            self.model.config, "n_positions", None
+        )
+        self.max_length = min(max_length, ctx) if ctx else max_length
+        self.lowercase = lowercase
+        self.token_stats = token_stats
+        self.prefix = prefix
+
+    def _encode(self, texts: list[str]):
+        enc = self.tok(
+            texts,
+            return_tensors="pt",
+            padding=True,
+            truncation=True,
+            max_length=self.max_length,
+        )
+        return {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+
+    def _pass(self, texts: list[str], full: bool) -> list[dict]:
+        """One forward pass over a batch; per row the stats (full) or only the mean NLL."""
+        import torch
+
+        enc = self._encode(texts)
+        with torch.inference_mode():
+            logits = self.model(**enc).logits
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        out = []
+        for i in range(ids.shape[0]):
+            # Left or right padding: keep the real positions only, in order.
+            pos = mask[i].nonzero().squeeze(-1)
+            if pos.numel() < 2:
+                raise MiaError(
+                    f"a snippet has fewer than 2 tokens after tokenization: {texts[i][:60]!r}"
+                )
+            logp = torch.log_softmax(logits[i, pos[:-1]].float(), dim=-1)  # (T-1, V)
+            target = ids[i, pos[1:]]
+            tok_lp = logp.gather(-1, target[:, None]).squeeze(-1)
+            row = {"loss": float(-tok_lp.mean()), "n_tokens": int(pos.numel())}
+            if full:
+                p = logp.exp()
+                mu = (p * logp).sum(-1)
+                var = (p * logp.square()).sum(-1) - mu.square()
+                row["token_logprobs"] = tok_lp.cpu().numpy().astype(np.float32)
+                row["mu"] = mu.cpu().numpy().astype(np.float32)
+                row["sigma"] = var.clamp_min(0).sqrt().cpu().numpy().astype(np.float32)
+            out.append(row)
+        return out
+
+    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        texts = [str(t) for t in batch["text"]]
+        rows = self._pass(texts, self.token_stats)
+        res = pd.DataFrame({"snippet_id": batch["snippet_id"].to_numpy()})
+        for key in rows[0]:
+            res[self.prefix + key] = [r[key] for r in rows]
+        if self.lowercase:
+            res[self.prefix + "lower_loss"] = [r["loss"] for r in self._pass([t.lower() for t in texts], False)]
+        return res

@@ -1,0 +1,105 @@
+"""`mia-ray <pipeline> --config FILE [--set key=value ...] --out DIR [--address ADDR]`.
+
+Pipelines come from the registry; the CLI never branches on a pipeline's name. Bad input
+(any MiaError, also when raised inside a Ray task) prints one line and exits 2; an
+unexpected failure prints one line and keeps the traceback in DIR/error.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from mia_ray.errors import MiaError, find_mia_error
+
+
+def _parser() -> argparse.ArgumentParser:
+    from mia_ray import registry
+
+    p = argparse.ArgumentParser(prog="mia-ray", description="Audit what a language model was trained on.")
+    sub = p.add_subparsers(dest="pipeline", metavar="PIPELINE", required=True)
+    for name in registry.names("pipeline"):
+        spec = registry.get("pipeline", name)
+        sp = sub.add_parser(name, help=spec.help, description=spec.help)
+        sp.add_argument("--config", "-c", help="YAML job config (see jobs/)")
+        sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key, e.g. --set model.batch_size=4 (repeatable)")
+        sp.add_argument("--out", "-o", required=True, help="run directory (created; a rerun resumes)")
+        sp.add_argument("--address", default=None, help="Ray cluster address (default: local instance, or the job's cluster)")
+        sp.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    return p
+
+
+def _run(argv: list[str] | None) -> int:
+    from mia_ray import registry
+    from mia_ray.config import dump_yaml, load_config
+
+    args = _parser().parse_args(argv)
+    spec = registry.get("pipeline", args.pipeline)
+    cfg = load_config(spec.config_cls, args.config, args.overrides)
+    if args.address is not None and hasattr(cfg, "resources"):
+        cfg.resources.address = args.address
+    if args.print_config:
+        print(dump_yaml(cfg, spec.name), end="")
+        return 0
+    out = Path(args.out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise MiaError(f"--out {args.out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+
+    from mia_ray.reports.io import write_json, write_text
+    from mia_ray.runtime import configure_data_context, connect
+
+    write_text(out / "config.yaml", dump_yaml(cfg, spec.name))
+    res = getattr(cfg, "resources", None)
+    mode = connect(res.address if res else "", res.num_cpus if res else 0)
+    configure_data_context(res.no_progress_timeout_s if res else 0.0, progress=sys.stderr.isatty())
+    t0 = time.time()
+    report = spec.run(cfg, out)
+    # The resolved config may have gained demo-world paths; keep what really ran.
+    write_text(out / "config.yaml", dump_yaml(cfg, spec.name))
+    if not (out / "report.json").exists():
+        write_json(out / "report.json", report)
+    print(f"mia-ray {spec.name}: done in {time.time() - t0:.0f} s ({mode} Ray); report: {out / 'report.html' if (out / 'report.html').exists() else out / 'report.json'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print("mia-ray: interrupted; finished parts are kept, rerun the same command to resume", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the one place that turns failures into exit codes
+        err = find_mia_error(e)
+        if err is not None:
+            print(f"mia-ray: error: {err}", file=sys.stderr)
+            return 2
+        out = _out_dir(argv)
+        where = ""
+        if out is not None:
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "error.log").write_text(traceback.format_exc())
+                where = f" (traceback in {out / 'error.log'})"
+            except OSError:
+                pass
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"mia-ray: failed: {type(e).__name__}: {first[:500]}{where}", file=sys.stderr)
+        return 1
+
+
+def _out_dir(argv: list[str] | None) -> Path | None:
+    argv = sys.argv[1:] if argv is None else argv
+    for i, a in enumerate(argv):
+        if a in ("--out", "-o") and i + 1 < len(argv):
+            return Path(argv[i + 1]).expanduser()
+        if a.startswith("--out="):
+            return Path(a.split("=", 1)[1]).expanduser()
+    return None

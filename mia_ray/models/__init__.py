@@ -1,0 +1,1 @@
+"""Loading Hugging Face models and tokenizers (no Ray here)."""

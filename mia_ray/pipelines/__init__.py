@@ -1,0 +1,1 @@
+"""Pipelines: wiring of data → actors → features → detectors → report. One file per method."""

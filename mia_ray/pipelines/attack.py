@@ -1,0 +1,227 @@
+"""Classic attacks: LOSS, zlib, Min-K%, Min-K%++, lowercase and reference, evaluated honestly.
+
+documents → snippets → Scorer actor pools (target, reference) → attack scores (pure
+functions) → document scores → metrics with CIs, blind baseline, n-gram overlap → report.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mia_ray.config import AttackJobConfig
+from mia_ray.errors import MiaError
+from mia_ray.pipelines.common import (
+    check_model_early,
+    fingerprint,
+    labelled_documents,
+    log,
+    resolve_world,
+)
+from mia_ray.registry import pipeline
+
+
+def _score_pool(snippets, model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, full: bool, out_path: Path, fp: str):
+    """Run one Scorer pool over the snippets and write its rows to parquet; reuse them on rerun."""
+    import ray
+
+    from mia_ray.actors.scorer import Scorer
+    from mia_ray.reports.io import read_json, write_json
+
+    stamp = out_path.with_suffix(".done.json")
+    if out_path.exists() and stamp.exists() and read_json(stamp).get("fingerprint") == fp:
+        log(f"reusing {out_path.name} (same model and snippets)")
+        return pd.read_parquet(out_path)
+    threads = res_cfg.torch_threads or max(1, int(np.ceil(res_cfg.cpus_per_actor)))
+    scored = snippets.select_columns(["snippet_id", "text"]).map_batches(
+        Scorer,
+        fn_constructor_kwargs={
+            "model": model,
+            "device": model_cfg.device,
+            "dtype": model_cfg.dtype,
+            "max_length": model_cfg.max_length,
+            "revision": model_cfg.revision if prefix == "" else "",
+            "gguf_file": model_cfg.gguf_file if prefix == "" else "",
+            "trust_remote_code": model_cfg.trust_remote_code,
+            "torch_threads": threads,
+            "lowercase": lowercase,
+            "token_stats": full,
+            "prefix": prefix,
+        },
+        batch_size=model_cfg.batch_size,
+        batch_format="pandas",
+        compute=ray.data.ActorPoolStrategy(size=res_cfg.scorer_actors),
+        num_cpus=res_cfg.cpus_per_actor,
+        num_gpus=res_cfg.gpus_per_actor,
+    )
+    df = scored.to_pandas()
+    from mia_ray.reports.io import write_parquet
+
+    write_parquet(out_path, df)
+    write_json(stamp, {"fingerprint": fp, "rows": len(df)})
+    return df
+
+
+def _aggregate(snip: pd.DataFrame, cols: list[str], how: str) -> pd.DataFrame:
+    return snip.groupby("doc_id")[cols].agg(how).reset_index()
+
+
+def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Snippet-level and document-level attack scores; also returns the labels and timings."""
+    from mia_ray.data.snippets import make_snippets
+    from mia_ray.features.attacks import SnippetStats, score_table
+
+    t0 = time.time()
+    docs, labels = labelled_documents(cfg.data)
+    n_mem = sum(labels.values())
+    log(f"{len(labels)} documents: {n_mem} members, {len(labels) - n_mem} non-members")
+    snippets = make_snippets(
+        docs,
+        unit=cfg.data.snippet_unit,
+        size=cfg.data.snippet_size,
+        min_size=cfg.data.min_snippet_size,
+        max_per_doc=cfg.data.max_snippets_per_doc,
+        tokenizer_path=cfg.model.name_or_path if cfg.data.snippet_unit == "tokens" else None,
+    ).materialize()
+    snip_meta = snippets.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
+    if snip_meta["snippet_id"].duplicated().any():
+        raise MiaError("snippet ids are not unique: are doc ids unique?")
+    log(f"{len(snip_meta)} snippets ({cfg.data.snippet_size} {cfg.data.snippet_unit} max)")
+    t_data = time.time() - t0
+
+    attacks = list(cfg.attack.attacks)
+    fp_snip = fingerprint(sorted(snip_meta["snippet_id"]), cfg.data, cfg.model.max_length)
+    rows_dir = out / "rows"
+    t1 = time.time()
+    log(f"scoring with target {cfg.model.name_or_path} on {cfg.resources.scorer_actors} actor(s)")
+    tgt = _score_pool(
+        snippets, cfg.model, cfg.resources, cfg.model.name_or_path, "", "lowercase" in attacks, True,
+        rows_dir / "target_token_stats.parquet", fingerprint(fp_snip, cfg.model.name_or_path, cfg.model.revision, cfg.model.gguf_file, "lowercase" in attacks),
+    )
+    merged = snip_meta.merge(tgt, on="snippet_id", how="inner", validate="one_to_one")
+    if "ref" in attacks:
+        log(f"scoring with reference {cfg.model.reference}")
+        ref = _score_pool(
+            snippets, cfg.model, cfg.resources, cfg.model.reference, "ref_", False, False,
+            rows_dir / "reference_losses.parquet", fingerprint(fp_snip, cfg.model.reference),
+        )
+        merged = merged.merge(ref[["snippet_id", "ref_loss"]], on="snippet_id", how="inner", validate="one_to_one")
+    if len(merged) != len(snip_meta):
+        raise MiaError(f"scored {len(merged)} of {len(snip_meta)} snippets: results are missing")
+    t_score = time.time() - t1
+
+    stats = [
+        SnippetStats(
+            text=r.text,
+            token_logprobs=np.asarray(r.token_logprobs, dtype=np.float64),
+            mu=np.asarray(r.mu, dtype=np.float64),
+            sigma=np.asarray(r.sigma, dtype=np.float64),
+            lower_loss=getattr(r, "lower_loss", None),
+            ref_loss=getattr(r, "ref_loss", None),
+        )
+        for r in merged.itertuples(index=False)
+    ]
+    table = score_table(stats, attacks, cfg.attack.min_k_ratios, cfg.attack.min_k_ratio)
+    snip_scores = merged[["snippet_id", "doc_id", "n_tokens"]].copy()
+    for name, col in table.items():
+        snip_scores[name] = col
+    snip_scores["label"] = snip_scores["doc_id"].map(labels).astype(int)
+    score_cols = list(table)
+    doc_scores = _aggregate(snip_scores, score_cols, cfg.attack.aggregate)
+    doc_scores["label"] = doc_scores["doc_id"].map(labels).astype(int)
+    doc_scores["n_snippets"] = doc_scores["doc_id"].map(snip_scores.groupby("doc_id").size())
+    timings = {"data_s": round(t_data, 2), "score_s": round(t_score, 2), "n_snippets": len(snip_meta)}
+    return snip_scores, doc_scores, {"labels": labels, "timings": timings, "snippets": snippets, "docs": docs, "score_cols": score_cols}
+
+
+@pipeline("attack", AttackJobConfig, help="classic membership attacks (LOSS, zlib, Min-K%, Min-K%++, lowercase, reference)")
+def run(cfg: AttackJobConfig, out: Path) -> dict:
+    from mia_ray.data.ngram import ngram_overlap_ds
+    from mia_ray.detectors.blind import blind_baseline
+    from mia_ray.reports.html import render_attack_report
+    from mia_ray.reports.io import write_json, write_parquet
+    from mia_ray.stats.metrics import evaluate_scores
+
+    resolve_world(cfg)
+    check_model_early(cfg.model.name_or_path, "model.name_or_path", cfg.model.revision, cfg.model.trust_remote_code, cfg.model.gguf_file)
+    if "ref" in cfg.attack.attacks:
+        check_model_early(cfg.model.reference, "model.reference")
+
+    snip_scores, doc_scores, ctx = score_attacks(cfg, out)
+    write_parquet(out / "snippet_scores.parquet", snip_scores)
+    write_parquet(out / "document_scores.parquet", doc_scores)
+
+    t2 = time.time()
+    unit = doc_scores if cfg.attack.level == "document" else snip_scores
+    groups = None if cfg.attack.level == "document" else unit["doc_id"].to_numpy()
+    y = unit["label"].to_numpy()
+    ev = {"fprs": cfg.eval.fprs, "bootstrap": cfg.eval.bootstrap, "ci": cfg.eval.ci, "seed": cfg.eval.seed}
+    metrics = {}
+    for name in ctx["score_cols"]:
+        log(f"evaluating {name}")
+        metrics[name] = evaluate_scores(unit[name].to_numpy(), y, groups=groups, **ev)
+
+    report: dict = {
+        "pipeline": "attack",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": {"name_or_path": cfg.model.name_or_path, "reference": cfg.model.reference or None},
+        "data": {
+            "path": cfg.data.path,
+            "labels": cfg.data.labels or None,
+            "n_documents": int(len(doc_scores)),
+            "n_members": int(doc_scores["label"].sum()),
+            "n_nonmembers": int((1 - doc_scores["label"]).sum()),
+            "n_snippets": int(len(snip_scores)),
+            "snippet": f"{cfg.data.snippet_size} {cfg.data.snippet_unit}",
+            "level": cfg.attack.level,
+            "aggregate": cfg.attack.aggregate,
+        },
+        "metrics": metrics,
+    }
+    if cfg.eval.blind_baseline:
+        log("blind baseline (bag of words, never sees the model)")
+        texts = _unit_texts(ctx, cfg.attack.level, unit)
+        report["blind_baseline"] = blind_baseline(
+            texts, y, groups=groups, folds=cfg.eval.threshold_folds, seed=cfg.eval.seed, **ev
+        )
+    log("n-gram overlap of members vs non-members")
+    docs = ctx["docs"]
+    members = docs.filter(lambda r: r["label"] == 1)
+    nonmembers = docs.filter(lambda r: r["label"] == 0)
+    report["ngram_overlap"] = [ngram_overlap_ds(members, nonmembers, n, cfg.eval.ngram_p) for n in cfg.eval.ngram_n]
+    report["notes"] = _notes(cfg, report)
+    report["timings"] = {**ctx["timings"], "eval_s": round(time.time() - t2, 2)}
+    write_json(out / "report.json", report)
+    render_attack_report(report, out / "report.html")
+    return report
+
+
+def _unit_texts(ctx: dict, level: str, unit: pd.DataFrame) -> list[str]:
+    if level == "document":
+        docs = ctx["docs"].select_columns(["doc_id", "text"]).to_pandas().set_index("doc_id")["text"]
+        return [docs[d] for d in unit["doc_id"]]
+    snips = ctx["snippets"].select_columns(["snippet_id", "text"]).to_pandas().set_index("snippet_id")["text"]
+    return [snips[s] for s in unit["snippet_id"]]
+
+
+def _notes(cfg: AttackJobConfig, report: dict) -> list[str]:
+    notes = [
+        f"Scores are computed per snippet ({cfg.data.snippet_size} {cfg.data.snippet_unit}, cropped to "
+        f"{cfg.model.max_length} tokens) and evaluated per {cfg.attack.level}"
+        + (f" ({cfg.attack.aggregate} of its snippets)." if cfg.attack.level == "document" else "."),
+        "Balanced accuracy and accuracy use thresholds chosen by cross-fitting: each row is classified "
+        "by a threshold chosen on the other folds, never with its own label.",
+        f"Confidence intervals: {cfg.eval.bootstrap} stratified bootstrap resamples, {cfg.eval.ci:.0%} percentile.",
+    ]
+    blind = report.get("blind_baseline")
+    if blind:
+        best = max(report["metrics"].items(), key=lambda kv: kv[1]["auc"])
+        if best[1]["auc_ci"][0] <= blind["auc"]:
+            notes.append(
+                f"Caution: the best attack ({best[0]}, AUC {best[1]['auc']:.3f}) does not clearly beat the "
+                f"blind baseline (AUC {blind['auc']:.3f}); members and non-members may differ in distribution."
+            )
+    return notes

@@ -1,0 +1,90 @@
+"""Wiring shared by pipelines: demo-world resolution, documents → labelled snippets, progress."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mia_ray.errors import MiaError
+
+
+def log(msg: str) -> None:
+    print(f"[mia-ray {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def fingerprint(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def resolve_world(cfg) -> None:
+    """With ``world.target`` set, build the demo world if missing and point data/model at it."""
+    if not cfg.world.target:
+        return
+    from mia_ray.demo.world import ensure_world
+
+    targets = [cfg.world.target]
+    log(f"demo world at {cfg.world.resolved_root()} (target {cfg.world.target})")
+    info = ensure_world(cfg.world, targets)
+    cfg.data.path = cfg.data.path or str(info["documents"])
+    cfg.data.labels = cfg.data.labels or str(info["manifest"])
+    cfg.model.name_or_path = cfg.model.name_or_path or str(info["model"])
+    if info.get("reference"):
+        cfg.model.reference = cfg.model.reference or str(info["reference"])
+
+
+def check_model_early(name: str, what: str, revision: str = "", trust_remote_code: bool = False, gguf_file: str = "") -> None:
+    """Fail before any scoring if a model's config or tokenizer cannot load (cheap: no weights)."""
+    if not name:
+        return
+    from transformers import AutoConfig
+
+    from mia_ray.models.hf import _describe_load_failure, load_tokenizer
+
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if revision:
+        kwargs["revision"] = revision
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    try:
+        AutoConfig.from_pretrained(name, **kwargs)
+    except Exception as e:
+        raise MiaError(f"{what}: " + _describe_load_failure(name, e)) from None
+    try:
+        load_tokenizer(name, revision, trust_remote_code, gguf_file)
+    except MiaError as e:
+        raise MiaError(f"{what}: {e}") from None
+
+
+def labelled_documents(data_cfg):
+    """Read documents, attach labels, sample per class, check classes. Returns (ds, labels)."""
+    from mia_ray.data.readers import attach_labels, load_manifest, read_documents
+    from mia_ray.data.splits import check_classes, sample_per_class
+
+    ds = read_documents(
+        data_cfg.path,
+        format=data_cfg.format,
+        text_field=data_cfg.text_field,
+        id_field=data_cfg.id_field,
+        label_field=data_cfg.label_field,
+        date_field=data_cfg.date_field,
+    )
+    if data_cfg.labels:
+        ds = attach_labels(ds, load_manifest(data_cfg.labels))
+    if "label" not in ds.columns():
+        raise MiaError(
+            f"no membership labels: {data_cfg.path} has no '{data_cfg.label_field}' field and "
+            "data.labels (a doc_id -> 0/1 manifest) is not set"
+        )
+    ds = ds.materialize()  # reads and checks every document once, before any model work
+    ids = ds.select_columns(["doc_id", "label"]).to_pandas()
+    labels = dict(zip(ids["doc_id"].astype(str), ids["label"].astype(int), strict=True))
+    if data_cfg.max_docs_per_class:
+        labels = sample_per_class(labels, data_cfg.max_docs_per_class, data_cfg.seed)
+        keep = set(labels)
+        ds = ds.filter(lambda r: r["doc_id"] in keep).materialize()
+    check_classes(labels, data_cfg.min_docs_per_class)
+    return ds, labels

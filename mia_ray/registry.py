@@ -1,0 +1,73 @@
+"""One small registry: attacks, metrics, detectors and pipelines register where they are defined.
+
+    @register("attack", "loss")
+    def loss_score(...): ...
+
+The CLI lists pipelines from here and never branches on a pipeline's name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mia_ray.errors import MiaError
+
+_REGISTRY: dict[str, dict[str, Any]] = {}
+
+# Modules whose import registers entries of a kind; loaded on first lookup of that kind.
+_PROVIDERS: dict[str, tuple[str, ...]] = {
+    "attack": ("mia_ray.features.attacks",),
+    "pipeline": ("mia_ray.pipelines.attack", "mia_ray.pipelines.demo_world"),
+}
+
+
+def register(kind: str, name: str) -> Callable[[Any], Any]:
+    def deco(obj: Any) -> Any:
+        table = _REGISTRY.setdefault(kind, {})
+        if name in table and table[name] is not obj:
+            raise ValueError(f"{kind} {name!r} is registered twice")
+        table[name] = obj
+        return obj
+
+    return deco
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A CLI verb: ``run(cfg, out_dir) -> dict`` (the report) with its config dataclass."""
+
+    name: str
+    config_cls: type
+    run: Callable[[Any, Any], dict]
+    help: str
+
+
+def pipeline(name: str, config_cls: type, help: str) -> Callable[[Any], Any]:
+    def deco(fn: Callable[[Any, Any], dict]) -> Callable[[Any, Any], dict]:
+        register("pipeline", name)(Pipeline(name, config_cls, fn, help))
+        return fn
+
+    return deco
+
+
+def _load(kind: str) -> dict[str, Any]:
+    for mod in _PROVIDERS.get(kind, ()):
+        importlib.import_module(mod)
+    return _REGISTRY.get(kind, {})
+
+
+def names(kind: str) -> list[str]:
+    return sorted(_load(kind))
+
+
+def get(kind: str, name: str) -> Any:
+    table = _load(kind)
+    if name not in table:
+        close = difflib.get_close_matches(name, list(table), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise MiaError(f"unknown {kind} {name!r}{hint} (known: {', '.join(sorted(table))})")
+    return table[name]

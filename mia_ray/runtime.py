@@ -1,0 +1,56 @@
+"""Connect to Ray: a local instance by default, ``--address`` for a cluster, or the job's cluster.
+
+Inside ``ray job submit`` Ray sets RAY_ADDRESS for the entrypoint, so a plain ``ray.init()``
+attaches to the cluster that runs the job; we never start a second instance there.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mia_ray.errors import MiaError
+
+
+def in_ray_job() -> bool:
+    return bool(os.environ.get("RAY_JOB_ID") or os.environ.get("RAY_ADDRESS"))
+
+
+def connect(address: str = "", num_cpus: int = 0, quiet: bool = True) -> str:
+    """Start or attach to Ray; return which mode was used: ``local``, ``cluster`` or ``job``."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    if ray.is_initialized():
+        return "attached"
+    common = {"log_to_driver": not quiet, "ignore_reinit_error": True}
+    # Workers inherit the driver's env; keep them offline like the driver (no hub at run time here).
+    env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "MIA_RAY_HOME") if k in os.environ}
+    if env:
+        common["runtime_env"] = {"env_vars": env}
+    try:
+        if address:
+            ray.init(address=address, **common)
+            return "cluster"
+        if in_ray_job():
+            ray.init(**common)
+            return "job"
+        cpus = num_cpus or os.cpu_count() or 1
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, **common)
+        return "local"
+    except ConnectionError as e:
+        raise MiaError(f"cannot reach the Ray cluster at {address or os.environ.get('RAY_ADDRESS')}: {e}") from None
+
+
+def cluster_cpus() -> float:
+    import ray
+
+    return float(ray.cluster_resources().get("CPU", 1))
+
+
+def configure_data_context(no_progress_timeout_s: float = 0.0, progress: bool = True) -> None:
+    import ray
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = progress
+    if no_progress_timeout_s:
+        ctx.execution_options.execution_no_progress_timeout_s = no_progress_timeout_s  # type: ignore[attr-defined]
