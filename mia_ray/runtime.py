@@ -15,18 +15,41 @@ def in_ray_job() -> bool:
     return bool(os.environ.get("RAY_JOB_ID") or os.environ.get("RAY_ADDRESS"))
 
 
+_MODE = ""
+
+
 def connect(address: str = "", num_cpus: int = 0, quiet: bool = True) -> str:
     """Start or attach to Ray; return which mode was used: ``local``, ``cluster`` or ``job``."""
+    global _MODE
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
     if ray.is_initialized():
-        return "attached"
-    common = {"log_to_driver": not quiet, "ignore_reinit_error": True}
-    # Workers inherit the driver's env; keep them offline like the driver (no hub at run time here).
-    env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "MIA_RAY_HOME") if k in os.environ}
-    if env:
-        common["runtime_env"] = {"env_vars": env}
+        return _MODE or "attached"
+    _MODE = _connect(ray, address, num_cpus, quiet)
+    return _MODE
+
+
+def describe() -> dict:
+    """What the run ran on, for the report."""
+    import ray
+
+    res = ray.cluster_resources() if ray.is_initialized() else {}
+    return {
+        "mode": _MODE or "attached",
+        "ray_version": ray.__version__,
+        "nodes": len(ray.nodes()) if ray.is_initialized() else 0,
+        "cpus": float(res.get("CPU", 0)),
+        "gpus": float(res.get("GPU", 0)),
+    }
+
+
+def _connect(ray, address: str, num_cpus: int, quiet: bool) -> str:
+    # No runtime_env here: inside `ray job submit` it would replace the job's working_dir.
+    # Worker logs reach the driver so training progress in Ray tasks stays visible.
+    common = {"log_to_driver": True, "ignore_reinit_error": True}
+    if quiet:
+        common["logging_level"] = "WARNING"
     try:
         if address:
             ray.init(address=address, **common)

@@ -22,6 +22,7 @@ from mia_ray.pipelines.common import (
     resolve_world,
 )
 from mia_ray.registry import pipeline
+from mia_ray.runtime import describe
 
 
 def _score_pool(snippets, model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, full: bool, out_path: Path, fp: str):
@@ -158,7 +159,8 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
     unit = doc_scores if cfg.attack.level == "document" else snip_scores
     groups = None if cfg.attack.level == "document" else unit["doc_id"].to_numpy()
     y = unit["label"].to_numpy()
-    ev = {"fprs": cfg.eval.fprs, "bootstrap": cfg.eval.bootstrap, "ci": cfg.eval.ci, "seed": cfg.eval.seed}
+    ev = {"fprs": cfg.eval.fprs, "bootstrap": cfg.eval.bootstrap, "ci": cfg.eval.ci, "seed": cfg.eval.seed,
+          "folds": cfg.eval.threshold_folds}
     metrics = {}
     for name in ctx["score_cols"]:
         log(f"evaluating {name}")
@@ -185,7 +187,7 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
         log("blind baseline (bag of words, never sees the model)")
         texts = _unit_texts(ctx, cfg.attack.level, unit)
         report["blind_baseline"] = blind_baseline(
-            texts, y, groups=groups, folds=cfg.eval.threshold_folds, seed=cfg.eval.seed, **ev
+            texts, y, groups=groups, **ev
         )
     log("n-gram overlap of members vs non-members")
     docs = ctx["docs"]
@@ -193,6 +195,7 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
     nonmembers = docs.filter(lambda r: r["label"] == 0)
     report["ngram_overlap"] = [ngram_overlap_ds(members, nonmembers, n, cfg.eval.ngram_p) for n in cfg.eval.ngram_n]
     report["notes"] = _notes(cfg, report)
+    report["runtime"] = describe()
     report["timings"] = {**ctx["timings"], "eval_s": round(time.time() - t2, 2)}
     write_json(out / "report.json", report)
     render_attack_report(report, out / "report.html")
@@ -219,7 +222,8 @@ def _notes(cfg: AttackJobConfig, report: dict) -> list[str]:
     blind = report.get("blind_baseline")
     if blind:
         best = max(report["metrics"].items(), key=lambda kv: kv[1]["auc"])
-        if best[1]["auc_ci"][0] <= blind["auc"]:
+        lo = best[1]["auc_ci"][0] if best[1]["auc_ci"] else best[1]["auc"]
+        if lo <= blind["auc"]:
             notes.append(
                 f"Caution: the best attack ({best[0]}, AUC {best[1]['auc']:.3f}) does not clearly beat the "
                 f"blind baseline (AUC {blind['auc']:.3f}); members and non-members may differ in distribution."

@@ -1,0 +1,109 @@
+"""Cut documents into snippets, the unit a model scores (CopyCheck §III-B: 512-word snippets).
+
+Words: the text is split on any run of whitespace and each window of ``size`` words is
+joined with single spaces, so line breaks and indentation do not survive in snippets (a
+snippet is a stream of words; the model sees the same words whatever the layout).
+Tokens: a Hugging Face tokenizer splits the text (no special tokens), and each window of
+``size`` token ids is decoded back to text. With byte-level BPE a window may start or end
+inside a multi-byte character, which decodes to U+FFFD; re-tokenizing a decoded snippet
+can give a slightly different number of tokens than ``size``.
+
+A trailing piece shorter than ``min_size`` is dropped unless it is the document's only
+piece. Snippet ids are ``f"{doc_id}#{index}"``: stable across runs and independent of the
+order in which Ray processes rows.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from mia_ray.errors import MiaError
+
+UNITS = ("words", "tokens")
+
+
+def _windows(n: int, size: int, min_size: int) -> list[tuple[int, int]]:
+    spans = [(start, min(start + size, n)) for start in range(0, n, size)]
+    if len(spans) > 1 and spans[-1][1] - spans[-1][0] < min_size:
+        spans.pop()
+    return spans
+
+
+def split_words(text: str, size: int, min_size: int = 0) -> list[str]:
+    """Cut ``text`` into pieces of ``size`` whitespace-separated words, joined by single spaces."""
+    words = text.split()
+    return [" ".join(words[a:b]) for a, b in _windows(len(words), size, min_size)]
+
+
+def split_tokens(text: str, tokenizer, size: int, min_size: int = 0) -> list[str]:
+    """Cut ``text`` into pieces of ``size`` tokens of ``tokenizer``, each decoded back to text."""
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    return [
+        tokenizer.decode(ids[a:b], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        for a, b in _windows(len(ids), size, min_size)
+    ]
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(path: str):
+    # One load per worker process: Ray reuses worker processes across tasks.
+    from mia_ray.models.hf import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def _row_snippets(
+    row: dict, unit: str, size: int, min_size: int, max_per_doc: int, tokenizer_path: str | None
+) -> list[dict]:
+    if unit == "words":
+        pieces = split_words(row["text"], size, min_size)
+    else:
+        pieces = split_tokens(row["text"], _tokenizer(tokenizer_path), size, min_size)
+    if max_per_doc > 0:
+        pieces = pieces[:max_per_doc]
+    carried = {k: v for k, v in row.items() if k not in ("doc_id", "text")}
+    doc_id = row["doc_id"]
+    return [
+        {"doc_id": doc_id, "snippet_id": f"{doc_id}#{i}", "snippet_index": i, "text": piece, **carried}
+        for i, piece in enumerate(pieces)
+    ]
+
+
+def make_snippets(
+    ds,
+    unit: str = "words",
+    size: int = 512,
+    min_size: int = 32,
+    max_per_doc: int = 0,
+    tokenizer_path: str | None = None,
+):
+    """Dataset of documents -> dataset of snippets (Ray Data ``flat_map``, lazy).
+
+    Output columns: ``doc_id``, ``snippet_id`` (``"{doc_id}#{i}"``), ``snippet_index`` (int),
+    ``text``, and every other input column (``label``, ``date``, ...) carried over.
+    ``max_per_doc`` > 0 keeps each document's first N snippets. ``unit="tokens"`` needs
+    ``tokenizer_path`` (a local folder or hub name); the tokenizer is loaded once on the
+    driver to fail early with a clear message, then once per worker process.
+    """
+    if unit not in UNITS:
+        raise MiaError(f"snippet unit must be words or tokens, not {unit!r}")
+    if size < 1:
+        raise MiaError(f"snippet size must be at least 1, not {size}")
+    if min_size < 0:
+        raise MiaError(f"minimum snippet size must be 0 or more, not {min_size}")
+    if max_per_doc < 0:
+        raise MiaError(f"max snippets per document must be 0 (all) or more, not {max_per_doc}")
+    if unit == "tokens":
+        if not tokenizer_path:
+            raise MiaError("snippet unit 'tokens' needs a tokenizer (a model name or folder)")
+        _tokenizer(str(tokenizer_path))
+    return ds.flat_map(
+        _row_snippets,
+        fn_kwargs={
+            "unit": unit,
+            "size": int(size),
+            "min_size": int(min_size),
+            "max_per_doc": int(max_per_doc),
+            "tokenizer_path": str(tokenizer_path) if tokenizer_path else None,
+        },
+    )

