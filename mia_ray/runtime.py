@@ -21,7 +21,6 @@ _MODE = ""
 def connect(address: str = "", num_cpus: int = 0, quiet: bool = True) -> str:
     """Start or attach to Ray; return which mode was used: ``local``, ``cluster`` or ``job``."""
     global _MODE
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
     if ray.is_initialized():
@@ -58,6 +57,8 @@ def _connect(ray, address: str, num_cpus: int, quiet: bool) -> str:
             ray.init(**common)
             return "job"
         cpus = num_cpus or os.cpu_count() or 1
+        # A private local instance needs no token; a cluster keeps whatever mode it was started with.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, **common)
         return "local"
     except ConnectionError as e:

@@ -181,6 +181,7 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
             "level": cfg.attack.level,
             "aggregate": cfg.attack.aggregate,
         },
+        "ci_level": cfg.eval.ci,
         "metrics": metrics,
     }
     if cfg.eval.blind_baseline:

@@ -276,7 +276,7 @@ HOW_TO_READ = (
     "something if it beats the blind baseline: a bag-of-words classifier that never sees the "
     "model and only learns how members and non-members differ as texts. If the blind baseline "
     "does well, the two sets differ by content or date, and no attack number can be read as "
-    "evidence of training. The true positive rate at a low false positive rate (0.1 %, 1 %) "
+    "evidence of training. The true positive rate at a low false positive rate (0.1%, 1%) "
     "matters most: it says how many members are caught when almost no non-member is accused. "
     "Brackets are bootstrap confidence intervals."
 )
@@ -284,15 +284,16 @@ HOW_TO_READ = (
 NGRAM_EXPLAINED = (
     "For each non-member text, the share of its n-grams that also appear in at least one "
     "member text (the n-gram bias measure of Duan et al., used by LUMIA). High overlap means "
-    "members and non-members look alike, which makes the task hard but honest; 'share ≥ p' "
-    "is the fraction of non-member texts whose overlap reaches the threshold p."
+    "members and non-members are alike in content, so no attack can win on topic alone; low "
+    "overlap lets a content-only classifier, such as the blind baseline, tell them apart. "
+    "'share ≥ p' is the fraction of non-member texts whose overlap reaches the threshold p."
 )
 
 
 def _fpr_keys(metric_dicts: Iterable[Mapping[str, Any]]) -> list[str]:
     keys: list[str] = []
     for m in metric_dicts:
-        for k in (m.get("tpr_at_fpr") or {}):
+        for k in m.get("tpr_at_fpr") or {}:
             if k not in keys:
                 keys.append(k)
     return sorted(keys, key=lambda k: float(k))
@@ -322,7 +323,10 @@ def _verdict(metrics: Mapping[str, Mapping[str, Any]], blind: Mapping[str, Any] 
     text += f"; blind baseline {fmt_num(b_auc)} {fmt_ci(blind.get('auc_ci'))}".rstrip()
     ci = m.get("auc_ci")
     if ci and len(ci) == 2 and not _is_missing(ci[0]) and float(ci[0]) > b_auc:
-        return text + ". Its confidence interval lies above the blind baseline: the model adds signal."
+        return (
+            text + ". Its confidence interval lies above the blind baseline's AUC: the model "
+            "carries membership signal beyond how the two sets differ as texts."
+        )
     if float(m["auc"]) > b_auc:
         return (
             text + ". It is ahead of the blind baseline, but its confidence interval reaches "
@@ -335,7 +339,12 @@ def _verdict(metrics: Mapping[str, Mapping[str, Any]], blind: Mapping[str, Any] 
 
 
 def render_attack_report(report: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
-    """Write the attack pipeline's ``report.html`` from its report dict (see the pipeline)."""
+    """Write the attack pipeline's ``report.html`` from its report dict; return its path.
+
+    Optional parts (blind baseline, ROC curves, n-gram overlap, notes, timings, runtime) are
+    left out when absent. The CI level in the header comes from ``report["ci_level"]``
+    (default 0.95). Metric names with ``@`` (``min_k@0.1``) are tabulated but not plotted.
+    """
     model = report.get("model") or {}
     data = report.get("data") or {}
     metrics: Mapping[str, Mapping[str, Any]] = report.get("metrics") or {}
@@ -406,7 +415,12 @@ def render_attack_report(report: Mapping[str, Any], out_path: str | os.PathLike)
             for r in ngram
         ]
         ng_cols = ["n", "threshold p", "mean overlap", "median overlap", "share ≥ p", "texts"]
-        sections.append(("Member / non-member n-gram overlap", paragraph(NGRAM_EXPLAINED) + table_html(ng_rows, ng_cols)))
+        sections.append(
+            (
+                "Member / non-member n-gram overlap",
+                paragraph(NGRAM_EXPLAINED) + table_html(ng_rows, ng_cols),
+            )
+        )
 
     sections.append(("Data", definition_list(data)))
     sections.append(("Model", definition_list(model)))

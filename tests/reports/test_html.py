@@ -52,10 +52,27 @@ def report():
             "min_k@0.1": _metrics(0.6, 0.55, 0.65),
             "ref": {**_metrics(0.9, 0.87, 0.93), "auc_ci": [float("nan"), float("nan")]},
         },
-        "blind_baseline": {**_metrics(0.52, 0.45, 0.59), "method": "bag-of-words logistic regression"},
+        "blind_baseline": {
+            **_metrics(0.52, 0.45, 0.59),
+            "method": "bag-of-words logistic regression",
+        },
         "ngram_overlap": [
-            {"n": 7, "p": 0.8, "mean": 0.123, "median": 0.1, "share_at_least_p": 0.02, "n_texts": 100},
-            {"n": 13, "p": 0.8, "mean": 0.05, "median": 0.0, "share_at_least_p": 0.0, "n_texts": 100},
+            {
+                "n": 7,
+                "p": 0.8,
+                "mean": 0.123,
+                "median": 0.1,
+                "share_at_least_p": 0.02,
+                "n_texts": 100,
+            },
+            {
+                "n": 13,
+                "p": 0.8,
+                "mean": 0.05,
+                "median": 0.0,
+                "share_at_least_p": 0.0,
+                "n_texts": 100,
+            },
         ],
         "notes": ["<script>alert('x')</script> & friends"],
         "timings": {"score_s": 12.345, "eval_s": 1.0},
@@ -135,9 +152,13 @@ def test_report_without_optional_parts_still_renders(tmp_path):
 def test_building_blocks():
     assert fmt_num(0.81234) == "0.812" and fmt_num(None) == "—" and fmt_num(np.nan) == "—"
     assert fmt_num(np.int64(5)) == "5" and fmt_num(np.float32(0.5), 2) == "0.50"
-    assert fmt_ci([0.1, 0.25]) == "[0.100, 0.250]" and fmt_ci(None) == "" and fmt_ci([None, 1]) == ""
+    assert (
+        fmt_ci([0.1, 0.25]) == "[0.100, 0.250]" and fmt_ci(None) == "" and fmt_ci([None, 1]) == ""
+    )
     assert fmt_pct(0.0512) == "5.1%" and fmt_pct(None) == "—"
-    table = table_html([["a<b", 0.5], {"x": "c", "y": None}], ["x", "y"], highlight=[1], caption="t&")
+    table = table_html(
+        [["a<b", 0.5], {"x": "c", "y": None}], ["x", "y"], highlight=[1], caption="t&"
+    )
     assert "<td>a&lt;b</td><td>0.500</td>" in table
     assert '<tr class="highlight"><td>c</td><td>—</td></tr>' in table
     assert "<caption>t&amp;</caption>" in table

@@ -34,7 +34,11 @@ def test_nan_and_inf_become_null_and_the_file_is_strict_json(tmp_path):
     write_json(path, {"auc": float("nan"), "ci": [np.nan, np.float32("inf")], "x": -math.inf})
     text = path.read_text()
     assert "NaN" not in text and "Infinity" not in text
-    assert json.loads(text, parse_constant=pytest.fail) == {"auc": None, "ci": [None, None], "x": None}
+    assert json.loads(text, parse_constant=pytest.fail) == {
+        "auc": None,
+        "ci": [None, None],
+        "x": None,
+    }
 
 
 def test_numpy_scalars_and_arrays_are_converted(tmp_path):

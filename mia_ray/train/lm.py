@@ -1,0 +1,225 @@
+"""Train a small GPT-2-style causal LM from scratch, and fine-tune a pretrained one (LoRA).
+
+Plain functions, no Ray: the demo world calls them in-process or inside a Ray task. Both run
+a fixed number of optimizer steps derived from the data and the settings (never a time
+limit), so the weights are a function of the seed (on one machine, with a fixed number of
+torch threads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mia_ray.errors import MiaError
+
+
+@dataclass(frozen=True)
+class TinyLMSpec:
+    """Architecture and training recipe of a from-scratch GPT-2-style model.
+
+    ``epochs`` fixes the step count: ``steps = ceil(epochs * blocks / batch_size)``, where
+    ``blocks`` is the number of ``n_positions``-token blocks in the training stream.
+    """
+
+    n_layer: int = 4
+    n_embd: int = 128
+    n_head: int = 4
+    n_positions: int = 256
+    epochs: float = 4.0
+    batch_size: int = 16
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
+    warmup_steps: int = 20
+    weight_decay: float = 0.0  # memorisation is the point: no regularisation, no dropout
+    grad_clip: float = 1.0
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def token_stream(texts: list[str], tokenizer) -> np.ndarray:
+    """All texts tokenised and concatenated, each followed by EOS: int64 array ``(n_tokens,)``."""
+    if tokenizer.eos_token_id is None:
+        raise MiaError("the tokenizer has no EOS token to separate documents")
+    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    out = []
+    for row in ids:
+        out.extend(row)
+        out.append(tokenizer.eos_token_id)
+    return np.asarray(out, dtype=np.int64)
+
+
+def _blocks_per_epoch(n_tokens: int, block: int) -> int:
+    return max(1, n_tokens // block)
+
+
+def steps_for(n_tokens: int, spec: TinyLMSpec) -> int:
+    return math.ceil(spec.epochs * _blocks_per_epoch(n_tokens, spec.n_positions) / spec.batch_size)
+
+
+def _batches(stream: np.ndarray, block: int, batch: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Endless ``(batch, block)`` batches: each epoch cuts the stream at a random offset
+    (so memorisation does not hinge on where a window starts) and shuffles the blocks."""
+    if len(stream) < block + 1:
+        # Too little text for one block: repeat it (the test world's tiny pools).
+        stream = np.tile(stream, math.ceil((block + 1) / max(1, len(stream))))
+    pending: list[np.ndarray] = []
+    while True:
+        n = _blocks_per_epoch(len(stream), block)
+        offset = int(rng.integers(0, len(stream) - n * block + 1))
+        blocks = stream[offset : offset + n * block].reshape(n, block)
+        for i in rng.permutation(n):
+            pending.append(blocks[i])
+            if len(pending) == batch:
+                yield np.stack(pending)
+                pending = []
+
+
+def _lr_at(step: int, total: int, spec: TinyLMSpec) -> float:
+    if step < spec.warmup_steps:
+        return spec.lr * (step + 1) / spec.warmup_steps
+    frac = (step - spec.warmup_steps) / max(1, total - spec.warmup_steps)
+    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+    return spec.lr * (spec.min_lr_ratio + (1 - spec.min_lr_ratio) * cos)
+
+
+class _Progress:
+    """One stderr line at most every ``every_s`` seconds (and at the end)."""
+
+    def __init__(self, name: str, total: int, every_s: float = 10.0):
+        self.name, self.total, self.every_s = name, total, every_s
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self, step: int, loss: float, tokens: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < self.every_s:
+            return
+        self.last = now
+        elapsed = max(now - self.t0, 1e-9)
+        eta = elapsed / max(step, 1) * (self.total - step)
+        print(
+            f"[train {self.name}] step {step}/{self.total} loss {loss:.3f} "
+            f"{tokens / elapsed:.0f} tok/s elapsed {elapsed:.0f}s eta {eta:.0f}s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def weights_sha256(model_dir: str | Path) -> str:
+    """sha256 over the folder's weight files (safetensors), in name order."""
+    h = hashlib.sha256()
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise MiaError(f"no safetensors weights in {model_dir}")
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def train_causal_lm(
+    texts: list[str],
+    tokenizer,
+    out_dir: str | Path,
+    spec: TinyLMSpec = TinyLMSpec(),
+    seed: int = 0,
+    threads: int = 0,
+    train: bool = True,
+    name: str = "lm",
+    progress_every_s: float = 10.0,
+) -> dict[str, Any]:
+    """Train a fresh GPT-2-style LM on ``texts`` and save it with ``tokenizer`` to ``out_dir``.
+
+    The texts become one EOS-separated token stream cut into ``spec.n_positions``-token
+    blocks; AdamW runs ``steps_for(n_tokens, spec)`` steps (0 with ``train=False``: the
+    randomly initialised model is saved as is). Returns the training record (steps,
+    tokens, losses, elapsed seconds, tokens/s, weights hash).
+    """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    seed_everything(seed)
+    vocab = len(tokenizer)
+    config = GPT2Config(
+        vocab_size=vocab,
+        n_positions=spec.n_positions,
+        n_embd=spec.n_embd,
+        n_layer=spec.n_layer,
+        n_head=spec.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+        loss_type="ForCausalLM",
+    )
+    model = GPT2LMHeadModel(config)
+    t0 = time.monotonic()
+    stream = token_stream(texts, tokenizer) if texts else np.zeros(0, dtype=np.int64)
+    total = steps_for(len(stream), spec) if train and len(stream) else 0
+    record: dict[str, Any] = {
+        "spec": asdict(spec),
+        "seed": seed,
+        "threads": torch.get_num_threads(),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "vocab_size": vocab,
+        "documents": len(texts),
+        "tokens": int(len(stream)),
+        "steps": total,
+        "trained_tokens": total * spec.batch_size * spec.n_positions,
+    }
+    if total:
+        model.train()
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay
+        )
+        rng = np.random.default_rng(seed)
+        batches = _batches(stream, spec.n_positions, spec.batch_size, rng)
+        show = _Progress(name, total, progress_every_s)
+        losses = []
+        for step in range(total):
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(step, total, spec)
+            x = torch.from_numpy(next(batches))
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss))
+            show(step + 1, losses[-1], (step + 1) * x.numel(), force=step + 1 == total)
+        record["first_loss"] = losses[0]
+        record["final_loss"] = float(np.mean(losses[-max(1, min(20, total // 10)) :]))
+    model.eval()
+    elapsed = time.monotonic() - t0
+    record["elapsed_s"] = round(elapsed, 2)
+    record["tokens_per_s"] = round(record["trained_tokens"] / elapsed, 1) if total else 0.0
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    record["weights_sha256"] = weights_sha256(out)
+    (out / "training.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record
