@@ -6,7 +6,11 @@ class MiaError(Exception):
 
 
 def find_mia_error(exc: BaseException) -> MiaError | None:
-    """Return the MiaError behind ``exc``, looking through Ray's task/actor error wrappers."""
+    """Return the MiaError behind ``exc``, looking through Ray's task/actor error wrappers.
+
+    Ray's wrapper class inherits from the user's exception type but its message is a whole
+    remote traceback, so the original (``.cause``) is preferred; failing that, the first line.
+    """
     seen = set()
     stack = [exc]
     while stack:
@@ -14,8 +18,11 @@ def find_mia_error(exc: BaseException) -> MiaError | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, MiaError):
+            return cause
         if isinstance(e, MiaError):
-            return e
-        # RayTaskError wraps the user's exception as .cause; Ray Data re-raises with __cause__.
-        stack.extend([getattr(e, "cause", None), e.__cause__, e.__context__])
+            msg = str(e.args[0]) if e.args else str(e)
+            return MiaError(msg.strip().splitlines()[0] if msg.strip() else msg)
+        stack.extend([cause, e.__cause__, e.__context__])
     return None

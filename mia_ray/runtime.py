@@ -76,5 +76,8 @@ def configure_data_context(no_progress_timeout_s: float = 0.0, progress: bool = 
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = progress
+    # Keep the user's exception type (e.g. MiaError from a map function) instead of
+    # Ray Data's UserCodeException, so the CLI can print its one line.
+    ctx.raise_original_map_exception = True
     if no_progress_timeout_s:
         ctx.execution_options.execution_no_progress_timeout_s = no_progress_timeout_s  # type: ignore[attr-defined]

@@ -83,7 +83,9 @@ def _hashes(text: str, n: int) -> np.ndarray:
     """64-bit BLAKE2b of each n-gram (words joined by a space), shape (number of n-grams,)."""
     return np.array(
         [
-            int.from_bytes(hashlib.blake2b(" ".join(g).encode("utf-8"), digest_size=8).digest(), "little")
+            int.from_bytes(
+                hashlib.blake2b(" ".join(g).encode("utf-8"), digest_size=8).digest(), "little"
+            )
             for g in ngrams(text, n)
         ],
         dtype=np.uint64,
@@ -115,7 +117,9 @@ def _batch_overlap(table, member_hashes, n: int, column: str):
     return pa.table({"overlap": pa.array(out, pa.float64())})
 
 
-def ngram_overlap_ds(members_ds, nonmembers_ds, n: int, p: float, text_column: str = "text") -> dict:
+def ngram_overlap_ds(
+    members_ds, nonmembers_ds, n: int, p: float, text_column: str = "text"
+) -> dict:
     """``ngram_overlap`` over two Ray Datasets with a ``text`` column; same result, same keys.
 
     Workers hash the members' n-grams (64-bit BLAKE2b, deduplicated per batch); the driver

@@ -52,21 +52,44 @@ def _tokenizer(path: str):
     return load_tokenizer(path)
 
 
-def _row_snippets(
-    row: dict, unit: str, size: int, min_size: int, max_per_doc: int, tokenizer_path: str | None
-) -> list[dict]:
-    if unit == "words":
-        pieces = split_words(row["text"], size, min_size)
-    else:
-        pieces = split_tokens(row["text"], _tokenizer(tokenizer_path), size, min_size)
-    if max_per_doc > 0:
-        pieces = pieces[:max_per_doc]
-    carried = {k: v for k, v in row.items() if k not in ("doc_id", "text")}
-    doc_id = row["doc_id"]
-    return [
-        {"doc_id": doc_id, "snippet_id": f"{doc_id}#{i}", "snippet_index": i, "text": piece, **carried}
-        for i, piece in enumerate(pieces)
-    ]
+def _batch_snippets(
+    table, unit: str, size: int, min_size: int, max_per_doc: int, tokenizer_path: str | None
+):
+    """Arrow batch of documents -> Arrow batch of their snippets (other columns repeated)."""
+    import pyarrow as pa
+
+    tok = _tokenizer(tokenizer_path) if unit == "tokens" else None
+    rows, snippet_ids, indices, texts = [], [], [], []
+    doc_ids = table.column("doc_id").to_pylist()
+    for row, (doc_id, text) in enumerate(
+        zip(doc_ids, table.column("text").to_pylist(), strict=True)
+    ):
+        if unit == "words":
+            pieces = split_words(text or "", size, min_size)
+        else:
+            pieces = split_tokens(text or "", tok, size, min_size)
+        if max_per_doc > 0:
+            pieces = pieces[:max_per_doc]
+        for i, piece in enumerate(pieces):
+            rows.append(row)
+            snippet_ids.append(f"{doc_id}#{i}")
+            indices.append(i)
+            texts.append(piece)
+    # take() repeats each document's other columns with their Arrow types kept, so a block
+    # whose dates are all null still has a string ``date`` column.
+    carried = table.drop_columns(["text"]).take(pa.array(rows, pa.int64()))
+    out = pa.table(
+        {
+            "doc_id": carried.column("doc_id"),
+            "snippet_id": pa.array(snippet_ids, pa.string()),
+            "snippet_index": pa.array(indices, pa.int64()),
+            "text": pa.array(texts, pa.string()),
+        }
+    )
+    for name in carried.column_names:
+        if name != "doc_id":
+            out = out.append_column(name, carried.column(name))
+    return out
 
 
 def make_snippets(
@@ -77,7 +100,11 @@ def make_snippets(
     max_per_doc: int = 0,
     tokenizer_path: str | None = None,
 ):
-    """Dataset of documents -> dataset of snippets (Ray Data ``flat_map``, lazy).
+    """Dataset of documents -> dataset of snippets (lazy).
+
+    One document row becomes its snippet rows; this is a ``flat_map`` written as an Arrow
+    ``map_batches`` so that carried columns keep their types (``flat_map`` re-infers types from
+    Python values per block, and a block whose dates are all None gets a ``null`` column).
 
     Output columns: ``doc_id``, ``snippet_id`` (``"{doc_id}#{i}"``), ``snippet_index`` (int),
     ``text``, and every other input column (``label``, ``date``, ...) carried over.
@@ -97,8 +124,9 @@ def make_snippets(
         if not tokenizer_path:
             raise MiaError("snippet unit 'tokens' needs a tokenizer (a model name or folder)")
         _tokenizer(str(tokenizer_path))
-    return ds.flat_map(
-        _row_snippets,
+    return ds.map_batches(
+        _batch_snippets,
+        batch_format="pyarrow",
         fn_kwargs={
             "unit": unit,
             "size": int(size),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -16,13 +17,15 @@ from mia_ray.errors import MiaError
 
 def _unique_sorted(ids: Iterable[str], what: str) -> list[str]:
     out = sorted(ids)
-    for a, b in zip(out, out[1:]):
+    for a, b in pairwise(out):
         if a == b:
             raise MiaError(f"{what} lists {a!r} more than once")
     return out
 
 
-def iid_member_split(doc_ids: Iterable[str], member_fraction: float = 0.5, seed: int = 0) -> dict[str, int]:
+def iid_member_split(
+    doc_ids: Iterable[str], member_fraction: float = 0.5, seed: int = 0
+) -> dict[str, int]:
     """Draw members IID: ``{doc_id: 1 member / 0 non-member}``.
 
     Exactly ``floor(member_fraction * n + 0.5)`` members (round half up), chosen by a seeded
@@ -135,7 +138,9 @@ def copycheck_experiment(
     unseen_suspects = [unseen[i] for i in order[n_unseen:n_unseen_needed]]
     seen_suspects = [seen[i] for i in rng.choice(len(seen), size=n_seen_needed, replace=False)]
     suspected = sorted(seen_suspects + unseen_suspects)
-    truth = {f: 1 for f in seen_suspects} | {f: 0 for f in unseen_suspects} | {f: 0 for f in unseen_set}
+    truth = (
+        {f: 1 for f in seen_suspects} | {f: 0 for f in unseen_suspects} | {f: 0 for f in unseen_set}
+    )
     pseudo = {f: 1 for f in suspected} | {f: 0 for f in unseen_set}
     return CopyCheckSplit(
         suspected=suspected,

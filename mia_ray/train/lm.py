@@ -173,9 +173,9 @@ def train_causal_lm(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=True,
-        loss_type="ForCausalLM",
     )
     model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # the class name does not tell transformers which loss it is
     t0 = time.monotonic()
     stream = token_stream(texts, tokenizer) if texts else np.zeros(0, dtype=np.int64)
     total = steps_for(len(stream), spec) if train and len(stream) else 0
@@ -203,12 +203,12 @@ def train_causal_lm(
             for group in opt.param_groups:
                 group["lr"] = _lr_at(step, total, spec)
             x = torch.from_numpy(next(batches))
-            loss = model(input_ids=x, labels=x).loss
+            loss = model(input_ids=x, attention_mask=torch.ones_like(x), labels=x).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             show(step + 1, losses[-1], (step + 1) * x.numel(), force=step + 1 == total)
         record["first_loss"] = losses[0]
         record["final_loss"] = float(np.mean(losses[-max(1, min(20, total // 10)) :]))

@@ -1,0 +1,548 @@
+"""Read documents into a Ray Dataset: a directory of text files, JSON Lines, or Parquet.
+
+Every reader yields the columns ``doc_id`` (str) and ``text`` (str), plus ``label`` (int,
+1 = member, 0 = non-member) and ``date`` (str) when the source has them.
+
+Cheap checks (path exists, directory not empty, empty files, the fields of each file) run
+on the driver before any task starts. Per-document problems (binary, not UTF-8, empty, bad
+label) are found by the workers, which do not raise: they return the problem in a private
+``_error`` column, and ``read_documents`` raises it on the driver as one ``MiaError`` after
+the single pass over the data. So callers always get a plain ``MiaError``, whatever Ray
+does to exceptions raised inside tasks (Ray Data 2.60 drops the original exception type
+of a failing map function unless ``DataContext.raise_original_map_exception`` is set).
+
+The dataset that ``read_documents`` returns is materialized (blocks in the object store,
+which spills to disk past memory) with a lazy projection on top that drops ``_error``:
+using it never re-reads the files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+from mia_ray.errors import MiaError, find_mia_error
+
+ERROR_COL = "_error"
+FORMATS = ("auto", "text", "jsonl", "parquet")
+_SUFFIX_FORMAT = {".jsonl": "jsonl", ".parquet": "parquet", ".txt": "text"}
+_ROWS_PER_BLOCK = 4096
+_READ_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class _Fields:
+    """Source field names and which optional ones the source has."""
+
+    text: str
+    id: str
+    label: str
+    date: str
+    has_id: bool
+    has_label: bool
+    has_date: bool
+
+
+# ---------------------------------------------------------------- public API
+
+
+def read_documents(
+    path: str | os.PathLike,
+    format: str = "auto",
+    text_field: str = "text",
+    id_field: str = "id",
+    label_field: str = "label",
+    date_field: str = "date",
+):
+    """Read documents into a ``ray.data.Dataset`` with ``doc_id``, ``text`` [, ``label``, ``date``].
+
+    - text: a directory of text files (recursive, hidden files and folders skipped), one file
+      = one document, ``doc_id`` = path relative to the directory (posix); or one ``.txt`` file.
+    - jsonl / parquet: a file or a directory of ``*.jsonl`` / ``*.parquet`` files (recursive).
+      ``text_field`` is required; ``id_field``, ``label_field`` and ``date_field`` are used
+      when the source has them (as seen in the first record / schema of the first file).
+      Without an id field, ``doc_id`` is ``text-`` + 16 hex digits of the BLAKE2b hash of the
+      text (stable, independent of row order).
+    - auto: by suffix for a file; for a directory, jsonl or parquet when every file has that
+      suffix, text when none has.
+
+    Raises ``MiaError`` for a missing path, an empty directory, an empty, binary or
+    non-UTF-8 document, a missing text field, duplicate doc_ids and labels not in {0, 1}.
+    """
+    import ray
+
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise MiaError(f"data path not found: {path}")
+    root = root.resolve()
+    fmt, base, files = _resolve(root, format)
+    rels = [rel for rel, _ in files]
+    paths = [str(base / rel) for rel in rels]
+    if fmt == "text":
+        empty = [rel for rel, size in files if size == 0]
+        if empty:
+            raise MiaError(f"document {empty[0]} is empty" + _more(len(empty), "empty documents"))
+        ds = ray.data.read_binary_files(paths, include_paths=True)
+        ds = ds.map_batches(_decode_text_files, fn_kwargs={"base": str(base)}, batch_format="numpy")
+        return _validated(ds, str(path), no_id=False)
+    if fmt == "jsonl":
+        fields = _jsonl_fields(base, rels, text_field, id_field, label_field, date_field)
+        source = _jsonl_datasource_class()(paths, base=str(base), fields=fields)
+        ds = ray.data.read_datasource(source)
+    else:
+        fields = _parquet_fields(base, rels, text_field, id_field, label_field, date_field)
+        optional = [
+            (fields.id, fields.has_id),
+            (fields.label, fields.has_label),
+            (fields.date, fields.has_date),
+        ]
+        columns = [fields.text] + [name for name, has in optional if has]
+        ds = ray.data.read_parquet(paths, include_paths=True).select_columns([*columns, "path"])
+        ds = ds.map_batches(
+            _normalize_parquet,
+            fn_kwargs={"base": str(base), "fields": fields},
+            batch_format="pyarrow",
+        )
+    return _validated(ds, str(path), no_id=not fields.has_id)
+
+
+def load_manifest(path: str | os.PathLike) -> dict[str, int]:
+    """Read a membership manifest: a JSON object ``{doc_id: 0/1 or false/true}`` -> ``{doc_id: 0/1}``."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise MiaError(f"labels manifest not found: {path}")
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise MiaError(
+            f"labels manifest {path} is not valid UTF-8 (byte offset {e.start})"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise MiaError(
+            f"labels manifest {path} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})"
+        ) from None
+    if not isinstance(obj, dict):
+        raise MiaError(
+            f"labels manifest {path} must be a JSON object mapping doc_id to 0 or 1, "
+            f"not a {type(obj).__name__}"
+        )
+    if not obj:
+        raise MiaError(f"labels manifest {path} is empty")
+    bad = [
+        (k, v)
+        for k, v in obj.items()
+        if not (isinstance(v, bool) or (type(v) is int and v in (0, 1)))
+    ]
+    if bad:
+        k, v = bad[0]
+        raise MiaError(
+            f"labels manifest {path}: the label of {k!r} is {json.dumps(v)}; labels must be "
+            f"0, 1, false or true" + _more(len(bad), "bad labels")
+        )
+    return {str(k): int(v) for k, v in obj.items()}
+
+
+def attach_labels(ds, manifest: dict[str, int]):
+    """Add or replace the ``label`` column of ``ds`` from ``manifest`` (doc_id -> 0/1).
+
+    The doc_ids of ``ds`` are collected on the driver first (one pass; cheap on the
+    materialized dataset that ``read_documents`` returns), so a manifest that lacks some
+    documents fails before anything else runs. Manifest entries without a document are ignored.
+    """
+    ids = _column_values(ds, "doc_id")
+    missing = sorted(set(ids) - manifest.keys())
+    if missing:
+        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise MiaError(f"labels manifest lacks {len(missing)} of {len(ids)} documents: {shown}")
+    needed = {doc_id: int(manifest[doc_id]) for doc_id in ids}
+    return ds.map_batches(_set_labels, fn_kwargs={"labels": needed}, batch_format="pyarrow")
+
+
+# ---------------------------------------------------------------- driver-side checks
+
+
+def _resolve(root: Path, format: str) -> tuple[str, Path, list[tuple[str, int]]]:
+    """Return ``(format, base directory, [(path relative to base, posix; size in bytes)])``."""
+    if format not in FORMATS:
+        raise MiaError(f"data format must be auto, text, jsonl or parquet, not {format!r}")
+    if root.is_file():
+        fmt = format
+        if fmt == "auto":
+            fmt = _SUFFIX_FORMAT.get(root.suffix.lower(), "")
+            if not fmt:
+                raise MiaError(
+                    f"cannot tell the format of {root} from its suffix: give a directory of text "
+                    "files, a .txt, .jsonl or .parquet file, or set data.format"
+                )
+        return fmt, root.parent, [(root.name, root.stat().st_size)]
+    files = _list_files(root)
+    if not files:
+        raise MiaError(f"data directory {root} has no files (hidden files are skipped)")
+    if format == "text":
+        return "text", root, files
+    if format in ("jsonl", "parquet"):
+        chosen = _with_suffix(files, "." + format)
+        if not chosen:
+            raise MiaError(f"data directory {root} has no .{format} files")
+        return format, root, chosen
+    for fmt in ("jsonl", "parquet"):
+        chosen = _with_suffix(files, "." + fmt)
+        if not chosen:
+            continue
+        others = [
+            rel for rel, _ in files if not _is_data_file(rel, "." + fmt) and not _is_marker(rel)
+        ]
+        if others:
+            raise MiaError(
+                f"data directory {root} mixes .{fmt} files with other files ({others[0]}): "
+                "set data.format to say how to read it"
+            )
+        return fmt, root, chosen
+    return "text", root, files
+
+
+def _list_files(root: Path) -> list[tuple[str, int]]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            full = Path(dirpath) / name
+            if full.is_file():
+                out.append((full.relative_to(root).as_posix(), full.stat().st_size))
+    return out
+
+
+def _is_marker(rel: str) -> bool:
+    # Writers leave markers such as _SUCCESS or _metadata next to Parquet/JSONL shards.
+    return Path(rel).name.startswith("_")
+
+
+def _is_data_file(rel: str, suffix: str) -> bool:
+    return rel.lower().endswith(suffix) and not _is_marker(rel)
+
+
+def _with_suffix(files: list[tuple[str, int]], suffix: str) -> list[tuple[str, int]]:
+    return [(rel, size) for rel, size in files if _is_data_file(rel, suffix)]
+
+
+def _jsonl_fields(
+    base: Path, rels: list[str], text: str, id_: str, label: str, date_: str
+) -> _Fields:
+    """Check the first record of every file; optional fields count when the first record has them."""
+    first_keys: list[str] | None = None
+    for rel in rels:
+        with open(base / rel, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if raw.strip():
+                    rec = _parse_json_line(raw.rstrip(b"\r\n"), lineno, rel)
+                    if isinstance(rec, str):
+                        raise MiaError(rec)
+                    if text not in rec:
+                        raise MiaError(_missing_field(text, f"line {lineno} of {rel}", rec.keys()))
+                    if first_keys is None:
+                        first_keys = list(rec)
+                    break
+    if first_keys is None:
+        raise MiaError(
+            f"no documents in {base / rels[0] if len(rels) == 1 else base}: the .jsonl files are empty"
+        )
+    return _Fields(
+        text, id_, label, date_, id_ in first_keys, label in first_keys, date_ in first_keys
+    )
+
+
+def _parquet_fields(
+    base: Path, rels: list[str], text: str, id_: str, label: str, date_: str
+) -> _Fields:
+    import pyarrow.parquet as pq
+
+    schemas = []
+    for rel in rels:
+        try:
+            schemas.append(pq.read_schema(base / rel).names)
+        except Exception as e:  # pyarrow raises ArrowInvalid or OSError for a bad footer
+            raise MiaError(f"{rel} is not a readable Parquet file: {_first_line(e)}") from None
+    first = schemas[0]
+    for rel, names in zip(rels, schemas, strict=True):
+        for field, needed in (
+            (text, True),
+            (id_, id_ in first),
+            (label, label in first),
+            (date_, date_ in first),
+        ):
+            if needed and field not in names:
+                raise MiaError(_missing_field(field, rel, names))
+    return _Fields(text, id_, label, date_, id_ in first, label in first, date_ in first)
+
+
+def _missing_field(field: str, where: str, columns) -> str:
+    return f"field {field!r} not in {where}; columns: {', '.join(map(str, columns)) or '(none)'}"
+
+
+def _validated(ds, source: str, no_id: bool):
+    """Run the read once; raise the first per-document problem, duplicate ids or no documents."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        ds = ds.materialize()
+    except Exception as e:
+        err = find_mia_error(e)
+        if err is None:
+            raise
+        raise MiaError(_first_line(err.args[0] if err.args else err)) from None
+    if ds.count() == 0:  # metadata of a materialized dataset: no pass over the data
+        raise MiaError(f"no documents in {source}")
+    chunks, n_errors, first_error = [], 0, None
+    for batch in ds.select_columns(["doc_id", ERROR_COL]).iter_batches(
+        batch_format="pyarrow", batch_size=None
+    ):
+        errors = pc.drop_null(batch.column(ERROR_COL))
+        if len(errors):
+            n_errors += len(errors)
+            smallest = pc.min(errors).as_py()
+            first_error = smallest if first_error is None else min(first_error, smallest)
+        chunks.extend(batch.column("doc_id").chunks)
+    if first_error is not None:
+        raise MiaError(first_error + _more(n_errors, "problems"))
+    ids = pa.chunked_array(chunks, type=pa.string())
+    counts = pc.value_counts(ids)
+    dup = sorted(counts.field("values").filter(pc.greater(counts.field("counts"), 1)).to_pylist())
+    if dup:
+        shown = ", ".join(dup[:5]) + (", ..." if len(dup) > 5 else "")
+        what = (
+            "identical texts (no id field, so doc_id is a hash of the text)"
+            if no_id
+            else "duplicate doc_ids"
+        )
+        raise MiaError(f"{what} in {source}: {len(dup)} ids appear more than once: {shown}")
+    return ds.drop_columns([ERROR_COL])
+
+
+def _column_values(ds, column: str) -> list:
+    out: list = []
+    for batch in ds.select_columns([column]).iter_batches(batch_format="pyarrow", batch_size=None):
+        out.extend(batch.column(column).to_pylist())
+    return out
+
+
+def _more(n: int, what: str) -> str:
+    return f" (and {n - 1} more {what})" if n > 1 else ""
+
+
+def _first_line(x: Any) -> str:
+    text = str(x).strip()
+    return text.splitlines()[0] if text else type(x).__name__
+
+
+# ---------------------------------------------------------------- worker-side
+
+
+class _Rows:
+    """Collects normalized rows (or their problems) and builds one Arrow block."""
+
+    def __init__(self, has_label: bool, has_date: bool):
+        self.has_label, self.has_date = has_label, has_date
+        self.ids: list[str] = []
+        self.texts: list[str] = []
+        self.labels: list[int | None] = []
+        self.dates: list[str | None] = []
+        self.errors: list[str | None] = []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, doc_id: str, text: str, label=None, date_=None, error=None) -> None:
+        self.ids.append(doc_id)
+        self.texts.append(text)
+        self.labels.append(label)
+        self.dates.append(date_)
+        self.errors.append(error)
+
+    def fail(self, message: str) -> None:
+        self.add("", "", error=message)
+
+    def table(self):
+        import pyarrow as pa
+
+        cols = {
+            "doc_id": pa.array(self.ids, pa.string()),
+            "text": pa.array(self.texts, pa.string()),
+        }
+        if self.has_label:
+            cols["label"] = pa.array(self.labels, pa.int64())
+        if self.has_date:
+            cols["date"] = pa.array(self.dates, pa.string())
+        cols[ERROR_COL] = pa.array(self.errors, pa.string())
+        return pa.table(cols)
+
+
+def _decode_text_files(batch: dict, base: str):
+    rows = _Rows(False, False)
+    for data, path in zip(batch["bytes"], batch["path"], strict=True):
+        doc_id = Path(os.path.relpath(str(path), base)).as_posix()
+        data = bytes(data)
+        if b"\x00" in data:
+            rows.fail(f"document {doc_id} looks binary (it contains NUL bytes)")
+            continue
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            rows.fail(f"document {doc_id} is not valid UTF-8 (byte offset {e.start})")
+            continue
+        text = text.removeprefix("\ufeff")
+        if not text.strip():
+            rows.fail(f"document {doc_id} is empty")
+            continue
+        rows.add(doc_id, text)
+    return rows.table()
+
+
+def _add_record(rows: _Rows, fields: _Fields, get, keys, where: str) -> None:
+    """Check one jsonl/parquet record (``get(name)`` reads a field); add it or its problem."""
+    if fields.has_id:
+        raw_id = get(fields.id)
+        if raw_id is None or raw_id == "":
+            rows.fail(_missing_field(fields.id, where, keys))
+            return
+        doc_id = name = str(raw_id)
+    else:
+        doc_id, name = "", f"at {where}"
+    text = get(fields.text)
+    if text is None or (isinstance(text, str) and not text.strip()):
+        rows.fail(f"document {name} is empty")
+        return
+    if not isinstance(text, str):
+        rows.fail(f"field {fields.text!r} of document {name} is a {type(text).__name__}, not text")
+        return
+    if "\x00" in text:
+        rows.fail(f"document {name} looks binary (it contains NUL characters)")
+        return
+    if not fields.has_id:
+        doc_id = "text-" + hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
+    label = None
+    if fields.has_label:
+        raw = get(fields.label)
+        label = _label(raw)
+        if label is None:
+            rows.fail(f"label of document {name} is {raw!r}; labels must be 0 or 1")
+            return
+    date_ = None
+    if fields.has_date:
+        raw = get(fields.date)
+        if isinstance(raw, (datetime, date)):
+            date_ = raw.isoformat()
+        elif raw is not None:
+            date_ = str(raw)
+    rows.add(doc_id, text, label, date_)
+
+
+def _label(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)) and v in (0, 1):
+        return int(v)
+    return None
+
+
+def _parse_json_line(raw: bytes, lineno: int, name: str) -> dict | str:
+    """The record on one line, or the message that says why it is not one."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"line {lineno} of {name} is not valid UTF-8 (byte offset {e.start} in the line)"
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        return f"line {lineno} of {name} is not valid JSON: {e.msg} (column {e.colno})"
+    if not isinstance(rec, dict):
+        return f"line {lineno} of {name} is not a JSON object"
+    return rec
+
+
+def _iter_lines(f):
+    """``(line number, bytes)`` for each line of a binary stream, read in chunks."""
+    rest = b""
+    lineno = 0
+    while True:
+        chunk = f.read(_READ_CHUNK)
+        if not chunk:
+            break
+        parts = (rest + chunk).split(b"\n")
+        rest = parts.pop()
+        for part in parts:
+            lineno += 1
+            yield lineno, part
+    if rest:
+        yield lineno + 1, rest
+
+
+_JSONL_CLASS = None
+
+
+def _jsonl_datasource_class():
+    """A JSON Lines datasource: streams each file, splits on ``\\n`` only, names line numbers.
+
+    Built on first use so that importing this module does not import Ray. Ray's own
+    ``read_text`` reads whole files and splits with ``str.splitlines``, which also breaks
+    lines at U+2028 and U+0085, characters that may stand unescaped inside JSON strings.
+    """
+    global _JSONL_CLASS
+    if _JSONL_CLASS is None:
+        from ray.data.datasource import FileBasedDatasource
+
+        class JsonlDatasource(FileBasedDatasource):
+            def __init__(self, paths, *, base: str, fields: _Fields):
+                super().__init__(paths)
+                self._base, self._fields = base, fields
+
+            def _read_stream(self, f, path: str):
+                name = Path(os.path.relpath(path, self._base)).as_posix()
+                fields = self._fields
+                rows = _Rows(fields.has_label, fields.has_date)
+                for lineno, raw in _iter_lines(f):
+                    if not raw.strip():
+                        continue
+                    rec = _parse_json_line(raw.rstrip(b"\r"), lineno, name)
+                    where = f"line {lineno} of {name}"
+                    if isinstance(rec, str):
+                        rows.fail(rec)
+                    elif fields.text not in rec:
+                        rows.fail(_missing_field(fields.text, where, rec.keys()))
+                    else:
+                        _add_record(rows, fields, rec.get, rec.keys(), where)
+                    if len(rows) >= _ROWS_PER_BLOCK:
+                        yield rows.table()
+                        rows = _Rows(fields.has_label, fields.has_date)
+                if len(rows):
+                    yield rows.table()
+
+        _JSONL_CLASS = JsonlDatasource
+    return _JSONL_CLASS
+
+
+def _normalize_parquet(table, base: str, fields: _Fields):
+    rows = _Rows(fields.has_label, fields.has_date)
+    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    keys = [name for name in table.column_names if name != "path"]
+    for i, path in enumerate(cols["path"]):
+        where = f"a row of {Path(os.path.relpath(str(path), base)).as_posix()}"
+        _add_record(rows, fields, lambda name, i=i: cols[name][i], keys, where)
+    return rows.table()
+
+
+def _set_labels(table, labels: dict[str, int]):
+    import pyarrow as pa
+
+    values = pa.array([labels[d] for d in table.column("doc_id").to_pylist()], pa.int64())
+    if "label" in table.column_names:
+        return table.set_column(table.column_names.index("label"), "label", values)
+    return table.append_column("label", values)
