@@ -80,4 +80,4 @@ def configure_data_context(no_progress_timeout_s: float = 0.0, progress: bool = 
     # Ray Data's UserCodeException, so the CLI can print its one line.
     ctx.raise_original_map_exception = True
     if no_progress_timeout_s:
-        ctx.execution_options.execution_no_progress_timeout_s = no_progress_timeout_s  # type: ignore[attr-defined]
+        ctx.execution_no_progress_timeout_s = no_progress_timeout_s

@@ -24,9 +24,9 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 SPLITS = ("member", "nonmember", "reference")
 
-_ACT_RE = re.compile(r"^#{1,6}\s*ACT\s+([IVX]+)\b", re.IGNORECASE)
+_ACT_RE = re.compile(r"^#{1,6}\s*ACT\s+([IVXL]+)\b", re.IGNORECASE)
+_SCENE_RE = re.compile(r"^#{1,6}\s*SCENE\s+([IVXL]+)\b", re.IGNORECASE)
 _HEADING_RE = re.compile(r"^#{1,6}\s*(.*?)\s*$")
-_ROMAN = {"I": 1, "II": 2, "III": 3, "IV": 4, "V": 5}
 
 
 def package_dir(name: str) -> Path:
@@ -81,26 +81,52 @@ def clean_play_markdown(md: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def split_acts(md: str) -> list[tuple[int, str]]:
-    """Cut one play's markdown into ``(act_number, markdown)``.
+def _roman(numeral: str) -> int:
+    values = {"I": 1, "V": 5, "X": 10, "L": 50}
+    total = 0
+    for i, ch in enumerate(numeral):
+        v = values[ch]
+        total += -v if i + 1 < len(numeral) and values[numeral[i + 1]] > v else v
+    return total
 
-    Matter before ACT I (a prologue or induction) joins act 1; an epilogue stays with the last
-    act. The title line is dropped (it is the same in every act of a play).
+
+def split_scenes(md: str) -> list[tuple[int, int, str]]:
+    """Cut one play's markdown into ``(act, scene, markdown)``, in play order.
+
+    Lines between an ``ACT`` heading and the act's first scene heading (the ``ACT II`` line
+    itself, a chorus, the play's prologue) open that first scene; an epilogue stays with the
+    last scene. Scenes before ``ACT I`` (an induction) are act 0. An act without scene
+    headings is one scene; a scene number that repeats within an act (a slip in the source)
+    falls back to the scene's position. The title line is dropped.
     """
     lines = md.splitlines()
     if lines and lines[0].startswith("# ") and not _ACT_RE.match(lines[0]):
         lines = lines[1:]
-    acts: list[tuple[int, list[str]]] = []
-    preface: list[str] = []
+    scenes: list[tuple[int, int, list[str]]] = []
+    act, carry = 0, []  # carry: lines not yet in a scene
+
+    def open_scene(number: int, body: list[str]) -> None:
+        taken = {n for a, n, _ in scenes if a == act}
+        scenes.append((act, len(taken) + 1 if number in taken else number, body))
+
     for line in lines:
-        m = _ACT_RE.match(line)
-        if m:
-            acts.append((_ROMAN.get(m.group(1).upper(), len(acts) + 1), [f"ACT {m.group(1).upper()}"]))
-            if len(acts) == 1 and preface:
-                acts[0][1].extend(["", *preface])
-            continue
-        (acts[-1][1] if acts else preface).append(line)
-    return [(n, "\n".join(body)) for n, body in acts]
+        m_act, m_scene = _ACT_RE.match(line), _SCENE_RE.match(line)
+        if m_act:
+            if any(_ACT_RE.match(c) for c in carry):  # the previous act had no scene headings
+                open_scene(1, carry)
+                carry = []
+            act = _roman(m_act.group(1).upper())
+            carry.append(line)
+        elif m_scene:
+            open_scene(_roman(m_scene.group(1).upper()), [*carry, line])
+            carry = []
+        elif carry or not scenes:
+            carry.append(line)
+        else:
+            scenes[-1][2].append(line)
+    if any(c.strip() for c in carry):
+        open_scene(1, carry)
+    return [(a, n, "\n".join(body)) for a, n, body in scenes]
 
 
 def play_files() -> list[Path]:
@@ -111,34 +137,23 @@ def play_files() -> list[Path]:
     return files
 
 
-def load_books(max_words: int = 0) -> list[Doc]:
-    """Every act of every play, one document per act, sorted by id.
+def load_books(min_words: int = 0, max_words: int = 0) -> list[Doc]:
+    """Every scene of every play with ``min_words <= words <= max_words`` (0 = no bound).
 
-    ``max_words`` > 0 keeps only the first whole lines of each act up to that many words
-    (the test world's short books).
+    One document per scene, id ``books/<play>/act-<A>-scene-<S>.txt``, sorted by id.
     """
     docs = []
     for path in play_files():
         play = path.stem
-        for act, body in split_acts(path.read_text(encoding="utf-8")):
+        for act, scene, body in split_scenes(path.read_text(encoding="utf-8")):
             text = clean_play_markdown(body)
-            if max_words:
-                text = _first_words(text, max_words)
-            docs.append(Doc(f"books/{play}/act-{act}.txt", text, "books"))
+            words = len(text.split())
+            if words >= min_words and (not max_words or words <= max_words):
+                docs.append(Doc(f"books/{play}/act-{act}-scene-{scene}.txt", text, "books"))
     ids = [d.id for d in docs]
     if len(set(ids)) != len(ids):
-        raise MiaError("two acts of one play got the same number: the plays package changed")
+        raise MiaError("two scenes got the same id: the plays package changed its layout")
     return sorted(docs, key=lambda d: d.id)
-
-
-def _first_words(text: str, max_words: int) -> str:
-    kept, n = [], 0
-    for line in text.splitlines():
-        if n >= max_words:
-            break
-        kept.append(line)
-        n += len(line.split())
-    return "\n".join(kept).rstrip() + "\n"
 
 
 # --------------------------------------------------------------------------------- web

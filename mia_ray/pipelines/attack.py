@@ -25,19 +25,38 @@ from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
 
 
-def _score_pool(snippets, model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, full: bool, out_path: Path, fp: str):
-    """Run one Scorer pool over the snippets and write its rows to parquet; reuse them on rerun."""
+PART_ROWS = 512  # scored snippets per part file: the granularity of resuming
+
+
+def _score_pool(snippets, model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, full: bool, out_dir: Path, fp: str):
+    """Stream snippets through one Scorer pool, writing results in parts as they arrive.
+
+    A rerun with the same fingerprint skips every snippet already in a part, so an
+    interrupted scoring resumes where it stopped instead of starting over.
+    """
+    import shutil
+
     import ray
 
     from mia_ray.actors.scorer import Scorer
-    from mia_ray.reports.io import read_json, write_json
+    from mia_ray.reports.io import read_json, write_json, write_parquet
 
-    stamp = out_path.with_suffix(".done.json")
-    if out_path.exists() and stamp.exists() and read_json(stamp).get("fingerprint") == fp:
-        log(f"reusing {out_path.name} (same model and snippets)")
-        return pd.read_parquet(out_path)
+    meta = out_dir / "meta.json"
+    if out_dir.exists() and (not meta.exists() or read_json(meta).get("fingerprint") != fp):
+        log(f"{out_dir.name}: model or snippets changed since the last run; scoring afresh")
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(meta, {"fingerprint": fp, "model": model})
+    parts = sorted(out_dir.glob("part-*.parquet"))
+    done = set()
+    for part in parts:
+        done.update(pd.read_parquet(part, columns=["snippet_id"])["snippet_id"])
+    todo = snippets.select_columns(["snippet_id", "text"])
+    if done:
+        log(f"reusing {len(done)} scored snippets in {out_dir.name}/")
+        todo = todo.filter(lambda r: r["snippet_id"] not in done)
     threads = res_cfg.torch_threads or max(1, int(np.ceil(res_cfg.cpus_per_actor)))
-    scored = snippets.select_columns(["snippet_id", "text"]).map_batches(
+    scored = todo.map_batches(
         Scorer,
         fn_constructor_kwargs={
             "model": model,
@@ -58,12 +77,26 @@ def _score_pool(snippets, model_cfg, res_cfg, model: str, prefix: str, lowercase
         num_cpus=res_cfg.cpus_per_actor,
         num_gpus=res_cfg.gpus_per_actor,
     )
-    df = scored.to_pandas()
-    from mia_ray.reports.io import write_parquet
+    total, n_new, buffer = snippets.count(), 0, []
+    t0, last = time.time(), 0.0
 
-    write_parquet(out_path, df)
-    write_json(stamp, {"fingerprint": fp, "rows": len(df)})
-    return df
+    def flush() -> None:
+        if buffer:
+            write_parquet(out_dir / f"part-{len(parts):05d}.parquet", pd.concat(buffer, ignore_index=True))
+            parts.append(out_dir / f"part-{len(parts):05d}.parquet")
+            buffer.clear()
+
+    for batch in scored.iter_batches(batch_format="pandas", batch_size=None):
+        buffer.append(batch)
+        n_new += len(batch)
+        if sum(len(b) for b in buffer) >= PART_ROWS:
+            flush()
+        if time.time() - last > 10:
+            last = time.time()
+            rate = n_new / max(last - t0, 1e-9)
+            log(f"{out_dir.name}: {len(done) + n_new}/{total} snippets ({rate:.1f}/s)")
+    flush()
+    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
 
 
 def _aggregate(snip: pd.DataFrame, cols: list[str], how: str) -> pd.DataFrame:
@@ -100,14 +133,14 @@ def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.Dat
     log(f"scoring with target {cfg.model.name_or_path} on {cfg.resources.scorer_actors} actor(s)")
     tgt = _score_pool(
         snippets, cfg.model, cfg.resources, cfg.model.name_or_path, "", "lowercase" in attacks, True,
-        rows_dir / "target_token_stats.parquet", fingerprint(fp_snip, cfg.model.name_or_path, cfg.model.revision, cfg.model.gguf_file, "lowercase" in attacks),
+        rows_dir / "target", fingerprint(fp_snip, cfg.model.name_or_path, cfg.model.revision, cfg.model.gguf_file, "lowercase" in attacks),
     )
     merged = snip_meta.merge(tgt, on="snippet_id", how="inner", validate="one_to_one")
     if "ref" in attacks:
         log(f"scoring with reference {cfg.model.reference}")
         ref = _score_pool(
             snippets, cfg.model, cfg.resources, cfg.model.reference, "ref_", False, False,
-            rows_dir / "reference_losses.parquet", fingerprint(fp_snip, cfg.model.reference),
+            rows_dir / "reference", fingerprint(fp_snip, cfg.model.reference),
         )
         merged = merged.merge(ref[["snippet_id", "ref_loss"]], on="snippet_id", how="inner", validate="one_to_one")
     if len(merged) != len(snip_meta):

