@@ -69,6 +69,9 @@ def _run(argv: list[str] | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Our own progress lines say what runs; Ray Data's per-dataset INFO plans are noise
+    # there (set RAY_DATA_LOG_LEVEL=INFO to see them).
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         return _run(argv)

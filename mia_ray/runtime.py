@@ -72,7 +72,14 @@ def cluster_cpus() -> float:
 
 
 def configure_data_context(no_progress_timeout_s: float = 0.0, progress: bool = True) -> None:
+    import logging
+    import warnings
+
     import ray
+
+    logging.getLogger("ray.data").setLevel(os.environ.get("RAY_DATA_LOG_LEVEL", "WARNING"))
+    warnings.filterwarnings("ignore", message="Use 'expr' instead of 'fn'")
+    warnings.filterwarnings("ignore", message="The minimum number of concurrent actors")
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = progress

@@ -67,7 +67,9 @@ def load_causal_lm(
 ):
     """Return ``(model, tokenizer, device)`` with the model in eval mode on ``device``."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one bar per actor per model is noise in the job log
     dev = pick_device(device)
     kwargs = {"trust_remote_code": trust_remote_code, "dtype": pick_dtype(dtype, dev)}
     if revision:
