@@ -49,7 +49,8 @@ from mia_ray.demo.corpora import (
 from mia_ray.errors import MiaError
 from mia_ray.train.lm import FinetuneSpec, TinyLMSpec
 
-WORLD_FORMAT = 1  # bump when the layout or a build rule changes: old worlds then fail the fingerprint
+# Bump when the layout or a build rule changes: worlds built before then fail the fingerprint.
+WORLD_FORMAT = 1
 TARGETS = ("tiny", "tiny-random", "smollm2")
 SMOLLM2_BASE = "smollm2-135m-instruct"
 
@@ -203,6 +204,7 @@ def gpt2_bpe_tokenizer(merges: int = 0):
     ``<|endoftext|>`` as id ``256 + merges``. Any text still encodes (byte fallback); a tiny
     model's softmax over 8 k instead of 50 k entries trains about 4x faster on CPU.
     """
+    import transformers
     from transformers import GPT2TokenizerFast
 
     encoder = json.loads(package_file(BPE_PACKAGE, "data", "encoder.json").read_text("utf-8"))
@@ -215,7 +217,18 @@ def gpt2_bpe_tokenizer(merges: int = 0):
         pairs = pairs[:merges]
         encoder = {tok: i for tok, i in encoder.items() if i < 256 + merges}
         encoder[eos] = 256 + merges
-    tok = GPT2TokenizerFast(vocab=encoder, merges=pairs, bos_token=eos, eos_token=eos, unk_token=eos)
+    special = {"bos_token": eos, "eos_token": eos, "unk_token": eos}
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        # transformers 5 takes the vocabulary and merges themselves (and ignores *_file).
+        tok = GPT2TokenizerFast(vocab=encoder, merges=pairs, **special)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            vocab_file, merges_file = Path(tmp) / "vocab.json", Path(tmp) / "merges.txt"
+            vocab_file.write_text(json.dumps(encoder), encoding="utf-8")
+            merges_file.write_text(
+                "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in pairs), encoding="utf-8"
+            )
+            tok = GPT2TokenizerFast(vocab_file=str(vocab_file), merges_file=str(merges_file), **special)
     tok.pad_token = eos
     tok.model_max_length = 1_000_000  # the model's own n_positions is the real limit
     return tok

@@ -253,6 +253,15 @@ def _notes(cfg: AttackJobConfig, report: dict) -> list[str]:
         "by a threshold chosen on the other folds, never with its own label.",
         f"Confidence intervals: {cfg.eval.bootstrap} stratified bootstrap resamples, {cfg.eval.ci:.0%} percentile.",
     ]
+    n_non = report["data"]["n_nonmembers"] if cfg.attack.level == "document" else None
+    if n_non:
+        floor = 1 / n_non
+        coarse = [f"{f:g}" for f in cfg.eval.fprs if f < floor]
+        if coarse:
+            notes.append(
+                f"With {n_non} non-members the smallest non-zero FPR is 1/{n_non} = {floor:.2%}: "
+                f"TPR at FPR {', '.join(coarse)} is the TPR with no false positive at all."
+            )
     blind = report.get("blind_baseline")
     if blind:
         best = max(report["metrics"].items(), key=lambda kv: kv[1]["auc"])
