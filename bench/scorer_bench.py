@@ -102,17 +102,49 @@ def ours(texts, model_dir, ref_dir, max_length, ratio, batch_size, threads):
 
     df = pd.DataFrame({"snippet_id": [f"s{i}" for i in range(len(texts))], "text": texts})
     ds = ray.data.from_pandas(df).materialize()
-    common = {"device": "cpu", "dtype": "float32", "max_length": max_length, "torch_threads": threads}
-    tgt = ds.map_batches(Scorer, fn_constructor_kwargs={"model": model_dir, **common}, batch_size=batch_size,
-                         batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1).to_pandas()
-    ref = ds.map_batches(Scorer, fn_constructor_kwargs={"model": ref_dir, "lowercase": False, "token_stats": False,
-                                                        "prefix": "ref_", **common},
-                         batch_size=batch_size, batch_format="pandas",
-                         compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1).to_pandas()
+    common = {
+        "device": "cpu",
+        "dtype": "float32",
+        "max_length": max_length,
+        "torch_threads": threads,
+    }
+    tgt = ds.map_batches(
+        Scorer,
+        fn_constructor_kwargs={"model": model_dir, **common},
+        batch_size=batch_size,
+        batch_format="pandas",
+        compute=ray.data.ActorPoolStrategy(size=1),
+        num_cpus=1,
+    ).to_pandas()
+    ref = ds.map_batches(
+        Scorer,
+        fn_constructor_kwargs={
+            "model": ref_dir,
+            "lowercase": False,
+            "token_stats": False,
+            "prefix": "ref_",
+            **common,
+        },
+        batch_size=batch_size,
+        batch_format="pandas",
+        compute=ray.data.ActorPoolStrategy(size=1),
+        num_cpus=1,
+    ).to_pandas()
     m = df.merge(tgt, on="snippet_id").merge(ref[["snippet_id", "ref_loss"]], on="snippet_id")
-    stats = [SnippetStats(r.text, np.asarray(r.token_logprobs, float), np.asarray(r.mu, float),
-                          np.asarray(r.sigma, float), r.lower_loss, r.ref_loss) for r in m.itertuples()]
-    table = score_table(stats, ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"], [ratio], ratio)
+    stats = [
+        SnippetStats(
+            r.text,
+            np.asarray(r.token_logprobs, float),
+            np.asarray(r.mu, float),
+            np.asarray(r.sigma, float),
+            r.lower_loss,
+            r.ref_loss,
+        )
+        for r in m.itertuples()
+    ]
+    table = score_table(
+        stats, ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"], [ratio], ratio
+    )
     order = {s: i for i, s in enumerate(m["snippet_id"])}
     idx = [order[f"s{i}"] for i in range(len(texts))]
     return {k: np.asarray(v)[idx] for k, v in table.items()}, int(m["n_tokens"].sum())
@@ -120,7 +152,12 @@ def ours(texts, model_dir, ref_dir, max_length, ratio, batch_size, threads):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--world-root", default=str(Path(os.environ.get("MIA_RAY_HOME", "~/.cache/mia-ray")).expanduser() / "world-demo"))
+    ap.add_argument(
+        "--world-root",
+        default=str(
+            Path(os.environ.get("MIA_RAY_HOME", "~/.cache/mia-ray")).expanduser() / "world-demo"
+        ),
+    )
     ap.add_argument("--n-snippets", type=int, default=48)
     ap.add_argument("--words", type=int, default=128)
     ap.add_argument("--max-length", type=int, default=256)
@@ -135,7 +172,9 @@ def main() -> int:
     from mia_ray.data.snippets import split_words
 
     root = Path(args.world_root)
-    docs = [json.loads(line) for line in (root / "corpus" / "documents.jsonl").read_text().splitlines()]
+    docs = [
+        json.loads(line) for line in (root / "corpus" / "documents.jsonl").read_text().splitlines()
+    ]
     texts = []
     for d in docs:
         texts.extend(split_words(d["text"], args.words, args.words))
@@ -147,7 +186,9 @@ def main() -> int:
     ray.init(address="local", num_cpus=args.threads, include_dashboard=False, logging_level="ERROR")
     ray.data.DataContext.get_current().enable_progress_bars = False
     t = time.perf_counter()
-    ours_scores, n_tokens = ours(texts, model_dir, ref_dir, args.max_length, 0.2, args.batch_size, args.threads)
+    ours_scores, n_tokens = ours(
+        texts, model_dir, ref_dir, args.max_length, 0.2, args.batch_size, args.threads
+    )
     t_ours = time.perf_counter() - t
     ray.shutdown()
 

@@ -20,17 +20,33 @@ from mia_ray.errors import MiaError, find_mia_error
 def _parser() -> argparse.ArgumentParser:
     from mia_ray import registry
 
-    p = argparse.ArgumentParser(prog="mia-ray", description="Audit what a language model was trained on.")
+    p = argparse.ArgumentParser(
+        prog="mia-ray", description="Audit what a language model was trained on."
+    )
     sub = p.add_subparsers(dest="pipeline", metavar="PIPELINE", required=True)
     for name in registry.names("pipeline"):
         spec = registry.get("pipeline", name)
         sp = sub.add_parser(name, help=spec.help, description=spec.help)
         sp.add_argument("--config", "-c", help="YAML job config (see jobs/)")
-        sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key, e.g. --set model.batch_size=4 (repeatable)")
-        sp.add_argument("--out", "-o", required=True, help="run directory (created; a rerun resumes)")
-        sp.add_argument("--address", default=None, help="Ray cluster address (default: local instance, or the job's cluster)")
-        sp.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+        sp.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override one config key, e.g. --set model.batch_size=4 (repeatable)",
+        )
+        sp.add_argument(
+            "--out", "-o", required=True, help="run directory (created; a rerun resumes)"
+        )
+        sp.add_argument(
+            "--address",
+            default=None,
+            help="Ray cluster address (default: local instance, or the job's cluster)",
+        )
+        sp.add_argument(
+            "--print-config", action="store_true", help="print the resolved config and exit"
+        )
     return p
 
 
@@ -64,7 +80,9 @@ def _run(argv: list[str] | None) -> int:
     write_text(out / "config.yaml", dump_yaml(cfg, spec.name))
     if not (out / "report.json").exists():
         write_json(out / "report.json", report)
-    print(f"mia-ray {spec.name}: done in {time.time() - t0:.0f} s ({mode} Ray); report: {out / 'report.html' if (out / 'report.html').exists() else out / 'report.json'}")
+    print(
+        f"mia-ray {spec.name}: done in {time.time() - t0:.0f} s ({mode} Ray); report: {out / 'report.html' if (out / 'report.html').exists() else out / 'report.json'}"
+    )
     return 0
 
 
@@ -76,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(argv)
     except KeyboardInterrupt:
-        print("mia-ray: interrupted; finished parts are kept, rerun the same command to resume", file=sys.stderr)
+        print(
+            "mia-ray: interrupted; finished parts are kept, rerun the same command to resume",
+            file=sys.stderr,
+        )
         return 130
     except Exception as e:  # noqa: BLE001 - the one place that turns failures into exit codes
         err = find_mia_error(e)

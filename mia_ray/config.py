@@ -33,7 +33,9 @@ class DataConfig:
     labels: str = ""  # optional membership manifest (JSON doc_id -> 0/1), overrides label_field
     snippet_unit: str = "words"  # words | tokens
     snippet_size: int = 512
-    min_snippet_size: int = 32  # a shorter tail of a document is dropped (kept if it is the only one)
+    min_snippet_size: int = (
+        32  # a shorter tail of a document is dropped (kept if it is the only one)
+    )
     max_snippets_per_doc: int = 0  # 0 = all
     max_docs_per_class: int = 0  # 0 = all; an IID sample per class, seeded
     min_docs_per_class: int = 5
@@ -92,7 +94,9 @@ class EvalConfig:
 class WorldConfig:
     """The offline demo world. With ``target`` set, data and model paths come from the world."""
 
-    root: str = ""  # default: $MIA_RAY_HOME/world-<scale> (MIA_RAY_HOME defaults to ~/.cache/mia-ray)
+    root: str = (
+        ""  # default: $MIA_RAY_HOME/world-<scale> (MIA_RAY_HOME defaults to ~/.cache/mia-ray)
+    )
     scale: str = "demo"  # demo | test
     target: str = ""  # tiny | tiny-random | smollm2 ; empty = no demo world
     seed: int = 0
@@ -260,7 +264,9 @@ def load_config(cls: type, path: str | None, overrides: list[str] = ()) -> Any:
         try:
             raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
-            raise MiaError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+            raise MiaError(
+                f"config file {path} is not valid YAML: {str(e).splitlines()[0]}"
+            ) from None
         if not isinstance(raw, dict):
             raise MiaError(f"config file {path} must hold a mapping at the top level")
         raw.pop("pipeline", None)

@@ -62,7 +62,9 @@ def _connect(ray, address: str, num_cpus: int, quiet: bool) -> str:
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, **common)
         return "local"
     except ConnectionError as e:
-        raise MiaError(f"cannot reach the Ray cluster at {address or os.environ.get('RAY_ADDRESS')}: {e}") from None
+        raise MiaError(
+            f"cannot reach the Ray cluster at {address or os.environ.get('RAY_ADDRESS')}: {e}"
+        ) from None
 
 
 def cluster_cpus() -> float:

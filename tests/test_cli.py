@@ -33,8 +33,19 @@ def _assert_one_line(err, code, needle):
 
 
 def test_config_typo(capsys, tmp_path):
-    code, err = _run(capsys, "attack", "--config", "jobs/attack_demo.yaml", "--set", "data.snipet_size=3", "--out", str(tmp_path / "o"))
-    _assert_one_line(err, code, "unknown config key 'data.snipet_size'; did you mean 'snippet_size'?")
+    code, err = _run(
+        capsys,
+        "attack",
+        "--config",
+        "jobs/attack_demo.yaml",
+        "--set",
+        "data.snipet_size=3",
+        "--out",
+        str(tmp_path / "o"),
+    )
+    _assert_one_line(
+        err, code, "unknown config key 'data.snipet_size'; did you mean 'snippet_size'?"
+    )
 
 
 def test_missing_config_file(capsys, tmp_path):
@@ -49,8 +60,19 @@ class TestBadData:
         self.model = str(test_world["model"])
 
     def run(self, capsys, tmp_path, data, labels="", model=None, *extra):
-        args = ["attack", "--set", f"data.path={data}", "--set", f"model.name_or_path={model or self.model}",
-                "--set", "attack.attacks=loss", "--set", "data.min_docs_per_class=3", "--out", str(tmp_path / "o")]
+        args = [
+            "attack",
+            "--set",
+            f"data.path={data}",
+            "--set",
+            f"model.name_or_path={model or self.model}",
+            "--set",
+            "attack.attacks=loss",
+            "--set",
+            "data.min_docs_per_class=3",
+            "--out",
+            str(tmp_path / "o"),
+        ]
         if labels:
             args += ["--set", f"data.labels={labels}"]
         return _run(capsys, *args, *extra)

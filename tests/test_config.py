@@ -12,8 +12,15 @@ def _write(tmp_path, text):
 
 
 def test_yaml_then_overrides(tmp_path):
-    path = _write(tmp_path, "pipeline: attack\ndata:\n  path: docs\n  snippet_size: 64\nmodel:\n  name_or_path: m\n  reference: r\n")
-    cfg = load_config(AttackJobConfig, path, ["data.snippet_size=32", "eval.fprs=[0.01, 0.1]", "attack.attacks=loss,zlib"])
+    path = _write(
+        tmp_path,
+        "pipeline: attack\ndata:\n  path: docs\n  snippet_size: 64\nmodel:\n  name_or_path: m\n  reference: r\n",
+    )
+    cfg = load_config(
+        AttackJobConfig,
+        path,
+        ["data.snippet_size=32", "eval.fprs=[0.01, 0.1]", "attack.attacks=loss,zlib"],
+    )
     assert cfg.data.snippet_size == 32
     assert cfg.eval.fprs == [0.01, 0.1]
     assert cfg.attack.attacks == ["loss", "zlib"]
@@ -22,11 +29,15 @@ def test_yaml_then_overrides(tmp_path):
 
 def test_unknown_key_names_key_and_closest(tmp_path):
     path = _write(tmp_path, "data:\n  snipet_size: 64\n")
-    with pytest.raises(MiaError, match=r"unknown config key 'data.snipet_size'; did you mean 'snippet_size'\?"):
+    with pytest.raises(
+        MiaError, match=r"unknown config key 'data.snipet_size'; did you mean 'snippet_size'\?"
+    ):
         load_config(AttackJobConfig, path)
     with pytest.raises(MiaError, match=r"unknown config key 'modle'; did you mean 'model'\?"):
         load_config(AttackJobConfig, None, ["modle.batch_size=4"])
-    with pytest.raises(MiaError, match=r"unknown config key 'model.batchsize'; did you mean 'batch_size'\?"):
+    with pytest.raises(
+        MiaError, match=r"unknown config key 'model.batchsize'; did you mean 'batch_size'\?"
+    ):
         load_config(AttackJobConfig, None, ["model.batchsize=4"])
 
 

@@ -29,15 +29,30 @@ def ray_head(tmp_path):
     # --block keeps the head as our child: terminating it stops this head only, never the
     # session's other local Ray instance (as `ray stop` would).
     head = subprocess.Popen(
-        [ray_bin, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2",
-         "--include-dashboard=true", f"--temp-dir={tmp_path / 'ray'}"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            ray_bin,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}",
+            "--num-cpus=2",
+            "--include-dashboard=true",
+            f"--temp-dir={tmp_path / 'ray'}",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{dash}"
     deadline = time.time() + 120
     while time.time() < deadline:
-        r = subprocess.run([ray_bin, "job", "list", "--address", url], env=env, capture_output=True, text=True)
+        r = subprocess.run(
+            [ray_bin, "job", "list", "--address", url], env=env, capture_output=True, text=True
+        )
         if r.returncode == 0:
             break
         if head.poll() is not None:
@@ -58,10 +73,28 @@ def test_attack_demo_via_ray_job_submit(ray_head, test_world, tmp_path):
     ray_bin = str(Path(sys.executable).parent / "ray")
     out = tmp_path / "job-run"
     cmd = [
-        ray_bin, "job", "submit", "--address", url, "--working-dir", str(REPO), "--",
-        sys.executable, "-m", "mia_ray", "attack", "--config", "jobs/attack_demo.yaml",
-        "--set", "world.scale=test", "--set", f"world.root={test_world['root']}",
-        "--set", "eval.bootstrap=200", "--out", str(out),
+        ray_bin,
+        "job",
+        "submit",
+        "--address",
+        url,
+        "--working-dir",
+        str(REPO),
+        "--",
+        sys.executable,
+        "-m",
+        "mia_ray",
+        "attack",
+        "--config",
+        "jobs/attack_demo.yaml",
+        "--set",
+        "world.scale=test",
+        "--set",
+        f"world.root={test_world['root']}",
+        "--set",
+        "eval.bootstrap=200",
+        "--out",
+        str(out),
     ]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -59,7 +59,9 @@ class Scorer:
             truncation=True,
             max_length=self.max_length,
         )
-        return {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        return {
+            k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")
+        }
 
     def _pass(self, texts: list[str], full: bool) -> list[dict]:
         """One forward pass over a batch; per row the stats (full) or only the mean NLL."""
@@ -98,5 +100,7 @@ class Scorer:
         for key in rows[0]:
             res[self.prefix + key] = [r[key] for r in rows]
         if self.lowercase:
-            res[self.prefix + "lower_loss"] = [r["loss"] for r in self._pass([t.lower() for t in texts], False)]
+            res[self.prefix + "lower_loss"] = [
+                r["loss"] for r in self._pass([t.lower() for t in texts], False)
+            ]
         return res

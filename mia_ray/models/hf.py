@@ -28,9 +28,13 @@ def pick_dtype(dtype: str, device: str):
     if dtype == "auto":
         return torch.bfloat16 if device == "cuda" else torch.float32
     try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+            dtype
+        ]
     except KeyError:
-        raise MiaError(f"model.dtype must be auto, float32, bfloat16 or float16, not {dtype!r}") from None
+        raise MiaError(
+            f"model.dtype must be auto, float32, bfloat16 or float16, not {dtype!r}"
+        ) from None
 
 
 def _describe_load_failure(name: str, exc: Exception) -> str:
@@ -40,7 +44,9 @@ def _describe_load_failure(name: str, exc: Exception) -> str:
     return f"model {name!r} does not load: {first[:300]}"
 
 
-def load_tokenizer(name_or_path: str, revision: str = "", trust_remote_code: bool = False, gguf_file: str = ""):
+def load_tokenizer(
+    name_or_path: str, revision: str = "", trust_remote_code: bool = False, gguf_file: str = ""
+):
     from transformers import AutoTokenizer
 
     kwargs = {"trust_remote_code": trust_remote_code}

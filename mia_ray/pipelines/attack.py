@@ -24,11 +24,20 @@ from mia_ray.pipelines.common import (
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
 
-
 PART_ROWS = 512  # scored snippets per part file: the granularity of resuming
 
 
-def _score_pool(snippets, model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, full: bool, out_dir: Path, fp: str):
+def _score_pool(
+    snippets,
+    model_cfg,
+    res_cfg,
+    model: str,
+    prefix: str,
+    lowercase: bool,
+    full: bool,
+    out_dir: Path,
+    fp: str,
+):
     """Stream snippets through one Scorer pool, writing results in parts as they arrive.
 
     A rerun with the same fingerprint skips every snippet already in a part, so an
@@ -82,7 +91,9 @@ def _score_pool(snippets, model_cfg, res_cfg, model: str, prefix: str, lowercase
 
     def flush() -> None:
         if buffer:
-            write_parquet(out_dir / f"part-{len(parts):05d}.parquet", pd.concat(buffer, ignore_index=True))
+            write_parquet(
+                out_dir / f"part-{len(parts):05d}.parquet", pd.concat(buffer, ignore_index=True)
+            )
             parts.append(out_dir / f"part-{len(parts):05d}.parquet")
             buffer.clear()
 
@@ -132,17 +143,39 @@ def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.Dat
     t1 = time.time()
     log(f"scoring with target {cfg.model.name_or_path} on {cfg.resources.scorer_actors} actor(s)")
     tgt = _score_pool(
-        snippets, cfg.model, cfg.resources, cfg.model.name_or_path, "", "lowercase" in attacks, True,
-        rows_dir / "target", fingerprint(fp_snip, cfg.model.name_or_path, cfg.model.revision, cfg.model.gguf_file, "lowercase" in attacks),
+        snippets,
+        cfg.model,
+        cfg.resources,
+        cfg.model.name_or_path,
+        "",
+        "lowercase" in attacks,
+        True,
+        rows_dir / "target",
+        fingerprint(
+            fp_snip,
+            cfg.model.name_or_path,
+            cfg.model.revision,
+            cfg.model.gguf_file,
+            "lowercase" in attacks,
+        ),
     )
     merged = snip_meta.merge(tgt, on="snippet_id", how="inner", validate="one_to_one")
     if "ref" in attacks:
         log(f"scoring with reference {cfg.model.reference}")
         ref = _score_pool(
-            snippets, cfg.model, cfg.resources, cfg.model.reference, "ref_", False, False,
-            rows_dir / "reference", fingerprint(fp_snip, cfg.model.reference),
+            snippets,
+            cfg.model,
+            cfg.resources,
+            cfg.model.reference,
+            "ref_",
+            False,
+            False,
+            rows_dir / "reference",
+            fingerprint(fp_snip, cfg.model.reference),
         )
-        merged = merged.merge(ref[["snippet_id", "ref_loss"]], on="snippet_id", how="inner", validate="one_to_one")
+        merged = merged.merge(
+            ref[["snippet_id", "ref_loss"]], on="snippet_id", how="inner", validate="one_to_one"
+        )
     if len(merged) != len(snip_meta):
         raise MiaError(f"scored {len(merged)} of {len(snip_meta)} snippets: results are missing")
     t_score = time.time() - t1
@@ -167,11 +200,29 @@ def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.Dat
     doc_scores = _aggregate(snip_scores, score_cols, cfg.attack.aggregate)
     doc_scores["label"] = doc_scores["doc_id"].map(labels).astype(int)
     doc_scores["n_snippets"] = doc_scores["doc_id"].map(snip_scores.groupby("doc_id").size())
-    timings = {"data_s": round(t_data, 2), "score_s": round(t_score, 2), "n_snippets": len(snip_meta)}
-    return snip_scores, doc_scores, {"labels": labels, "timings": timings, "snippets": snippets, "docs": docs, "score_cols": score_cols}
+    timings = {
+        "data_s": round(t_data, 2),
+        "score_s": round(t_score, 2),
+        "n_snippets": len(snip_meta),
+    }
+    return (
+        snip_scores,
+        doc_scores,
+        {
+            "labels": labels,
+            "timings": timings,
+            "snippets": snippets,
+            "docs": docs,
+            "score_cols": score_cols,
+        },
+    )
 
 
-@pipeline("attack", AttackJobConfig, help="classic membership attacks (LOSS, zlib, Min-K%, Min-K%++, lowercase, reference)")
+@pipeline(
+    "attack",
+    AttackJobConfig,
+    help="classic membership attacks (LOSS, zlib, Min-K%, Min-K%++, lowercase, reference)",
+)
 def run(cfg: AttackJobConfig, out: Path) -> dict:
     from mia_ray.data.ngram import ngram_overlap_ds
     from mia_ray.detectors.blind import blind_baseline
@@ -180,7 +231,13 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
     from mia_ray.stats.metrics import evaluate_scores
 
     resolve_world(cfg)
-    check_model_early(cfg.model.name_or_path, "model.name_or_path", cfg.model.revision, cfg.model.trust_remote_code, cfg.model.gguf_file)
+    check_model_early(
+        cfg.model.name_or_path,
+        "model.name_or_path",
+        cfg.model.revision,
+        cfg.model.trust_remote_code,
+        cfg.model.gguf_file,
+    )
     if "ref" in cfg.attack.attacks:
         check_model_early(cfg.model.reference, "model.reference")
 
@@ -192,8 +249,13 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
     unit = doc_scores if cfg.attack.level == "document" else snip_scores
     groups = None if cfg.attack.level == "document" else unit["doc_id"].to_numpy()
     y = unit["label"].to_numpy()
-    ev = {"fprs": cfg.eval.fprs, "bootstrap": cfg.eval.bootstrap, "ci": cfg.eval.ci, "seed": cfg.eval.seed,
-          "folds": cfg.eval.threshold_folds}
+    ev = {
+        "fprs": cfg.eval.fprs,
+        "bootstrap": cfg.eval.bootstrap,
+        "ci": cfg.eval.ci,
+        "seed": cfg.eval.seed,
+        "folds": cfg.eval.threshold_folds,
+    }
     metrics = {}
     for name in ctx["score_cols"]:
         log(f"evaluating {name}")
@@ -220,14 +282,14 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
     if cfg.eval.blind_baseline:
         log("blind baseline (bag of words, never sees the model)")
         texts = _unit_texts(ctx, cfg.attack.level, unit)
-        report["blind_baseline"] = blind_baseline(
-            texts, y, groups=groups, **ev
-        )
+        report["blind_baseline"] = blind_baseline(texts, y, groups=groups, **ev)
     log("n-gram overlap of members vs non-members")
     docs = ctx["docs"]
     members = docs.filter(lambda r: r["label"] == 1)
     nonmembers = docs.filter(lambda r: r["label"] == 0)
-    report["ngram_overlap"] = [ngram_overlap_ds(members, nonmembers, n, cfg.eval.ngram_p) for n in cfg.eval.ngram_n]
+    report["ngram_overlap"] = [
+        ngram_overlap_ds(members, nonmembers, n, cfg.eval.ngram_p) for n in cfg.eval.ngram_n
+    ]
     report["notes"] = _notes(cfg, report)
     report["runtime"] = describe()
     report["timings"] = {**ctx["timings"], "eval_s": round(time.time() - t2, 2)}
@@ -238,9 +300,16 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
 
 def _unit_texts(ctx: dict, level: str, unit: pd.DataFrame) -> list[str]:
     if level == "document":
-        docs = ctx["docs"].select_columns(["doc_id", "text"]).to_pandas().set_index("doc_id")["text"]
+        docs = (
+            ctx["docs"].select_columns(["doc_id", "text"]).to_pandas().set_index("doc_id")["text"]
+        )
         return [docs[d] for d in unit["doc_id"]]
-    snips = ctx["snippets"].select_columns(["snippet_id", "text"]).to_pandas().set_index("snippet_id")["text"]
+    snips = (
+        ctx["snippets"]
+        .select_columns(["snippet_id", "text"])
+        .to_pandas()
+        .set_index("snippet_id")["text"]
+    )
     return [snips[s] for s in unit["snippet_id"]]
 
 
@@ -248,7 +317,9 @@ def _notes(cfg: AttackJobConfig, report: dict) -> list[str]:
     notes = [
         f"Scores are computed per snippet ({cfg.data.snippet_size} {cfg.data.snippet_unit}, cropped to "
         f"{cfg.model.max_length} tokens) and evaluated per {cfg.attack.level}"
-        + (f" ({cfg.attack.aggregate} of its snippets)." if cfg.attack.level == "document" else "."),
+        + (
+            f" ({cfg.attack.aggregate} of its snippets)." if cfg.attack.level == "document" else "."
+        ),
         "Balanced accuracy and accuracy use thresholds chosen by cross-fitting: each row is classified "
         "by a threshold chosen on the other folds, never with its own label.",
         f"Confidence intervals: {cfg.eval.bootstrap} stratified bootstrap resamples, {cfg.eval.ci:.0%} percentile.",

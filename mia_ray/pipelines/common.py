@@ -6,7 +6,6 @@ import hashlib
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from mia_ray.errors import MiaError
@@ -36,7 +35,9 @@ def resolve_world(cfg) -> None:
         cfg.model.reference = cfg.model.reference or str(info["reference"])
 
 
-def check_model_early(name: str, what: str, revision: str = "", trust_remote_code: bool = False, gguf_file: str = "") -> None:
+def check_model_early(
+    name: str, what: str, revision: str = "", trust_remote_code: bool = False, gguf_file: str = ""
+) -> None:
     """Fail before any scoring if a model's config or tokenizer cannot load (cheap: no weights)."""
     if not name:
         return

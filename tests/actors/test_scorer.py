@@ -16,14 +16,20 @@ def test_scorer_pool_matches_a_direct_forward_pass(ray_local, test_world):
     from mia_ray.models.hf import load_causal_lm
 
     ray = ray_local
-    texts = [f"Snippet {i}: To be, or not to be, that is the Question {i} of the day." for i in range(10)]
+    texts = [
+        f"Snippet {i}: To be, or not to be, that is the Question {i} of the day." for i in range(10)
+    ]
     texts[3] = "A much longer snippet " + "with many repeated words " * 12
     df = pd.DataFrame({"snippet_id": [f"d{i}#0" for i in range(10)], "text": texts})
     out = (
         ray.data.from_pandas(df)
         .map_batches(
             Scorer,
-            fn_constructor_kwargs={"model": str(test_world["model"]), "device": "cpu", "torch_threads": 1},
+            fn_constructor_kwargs={
+                "model": str(test_world["model"]),
+                "device": "cpu",
+                "torch_threads": 1,
+            },
             batch_size=4,
             batch_format="pandas",
             compute=ray.data.ActorPoolStrategy(size=2),
@@ -57,7 +63,17 @@ def test_scorer_pool_matches_a_direct_forward_pass(ray_local, test_world):
 def test_reference_role_emits_only_prefixed_losses(ray_local, test_world):
     from mia_ray.actors.scorer import Scorer
 
-    scorer = Scorer(str(test_world["reference"]), device="cpu", lowercase=False, token_stats=False, prefix="ref_")
-    res = scorer(pd.DataFrame({"snippet_id": ["a", "b"], "text": ["Hello there friend.", "Good night, sweet prince."]}))
+    scorer = Scorer(
+        str(test_world["reference"]),
+        device="cpu",
+        lowercase=False,
+        token_stats=False,
+        prefix="ref_",
+    )
+    res = scorer(
+        pd.DataFrame(
+            {"snippet_id": ["a", "b"], "text": ["Hello there friend.", "Good night, sweet prince."]}
+        )
+    )
     assert list(res.columns) == ["snippet_id", "ref_loss", "ref_n_tokens"]
     assert (res["ref_loss"] > 0).all()

@@ -13,11 +13,24 @@ ATTACKS = ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"]
 
 def _attack(tmp_path, test_world, target, name, *extra):
     out = tmp_path / name
-    code = main([
-        "attack", "--config", "jobs/attack_demo.yaml", "--set", "world.scale=test",
-        "--set", f"world.root={test_world['root']}", "--set", f"world.target={target}",
-        "--set", "eval.bootstrap=500", "--out", str(out), *extra,
-    ])
+    code = main(
+        [
+            "attack",
+            "--config",
+            "jobs/attack_demo.yaml",
+            "--set",
+            "world.scale=test",
+            "--set",
+            f"world.root={test_world['root']}",
+            "--set",
+            f"world.target={target}",
+            "--set",
+            "eval.bootstrap=500",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
     assert code == 0
     return out, json.loads((out / "report.json").read_text())
 
@@ -49,7 +62,9 @@ def test_report_has_every_attack_with_ci_and_tpr(tiny_run):
     from sklearn.metrics import roc_auc_score
 
     docs = pd.read_parquet(out / "document_scores.parquet")
-    assert roc_auc_score(docs["label"], docs["loss"]) == pytest.approx(report["metrics"]["loss"]["auc"])
+    assert roc_auc_score(docs["label"], docs["loss"]) == pytest.approx(
+        report["metrics"]["loss"]["auc"]
+    )
 
 
 def test_loss_finds_members_of_a_memorising_target(tiny_run):
@@ -64,11 +79,23 @@ def test_interrupted_scoring_resumes_with_identical_numbers(tmp_path, test_world
     lost = len(pd.read_parquet(parts[-1]))
     total = sum(len(pd.read_parquet(p)) for p in parts)
     parts[-1].unlink()  # as if the run had stopped before its last part was written
-    code = main([
-        "attack", "--config", "jobs/attack_demo.yaml", "--set", "world.scale=test",
-        "--set", f"world.root={test_world['root']}", "--set", "world.target=tiny",
-        "--set", "eval.bootstrap=500", "--out", str(out),
-    ])
+    code = main(
+        [
+            "attack",
+            "--config",
+            "jobs/attack_demo.yaml",
+            "--set",
+            "world.scale=test",
+            "--set",
+            f"world.root={test_world['root']}",
+            "--set",
+            "world.target=tiny",
+            "--set",
+            "eval.bootstrap=500",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     assert f"reusing {total - lost} scored snippets in target/" in capsys.readouterr().err
     again = json.loads((out / "report.json").read_text())
