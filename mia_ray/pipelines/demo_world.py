@@ -12,16 +12,17 @@ from mia_ray.registry import pipeline
 
 @pipeline("demo", DemoWorldJobConfig, help="build the offline demo world")
 def run(cfg: DemoWorldJobConfig, out_dir: Path) -> dict[str, Any]:
-    """Build what is missing for ``cfg.targets`` (trainings run as Ray tasks) and summarise."""
-    from mia_ray.demo.world import ensure_world
-    from mia_ray.runtime import connect
+    """Build what is missing for ``cfg.targets`` and summarise the world.
 
-    # Progress lines of the training tasks are the only sign of life for minutes: show them.
-    mode = connect(cfg.resources.address, cfg.resources.num_cpus, quiet=False)
+    Trainings run as Ray tasks when the CLI has connected to Ray (each asks for
+    ``resources.num_cpus`` CPUs, 0 = a whole node), else in this process.
+    """
+    from mia_ray.demo.world import ensure_world
+
     world = ensure_world(cfg.world, list(cfg.targets), num_cpus=cfg.resources.num_cpus)
     meta = json.loads(Path(world["world_json"]).read_text("utf-8"))
+    keys = ("steps", "tokens", "final_loss", "elapsed_s", "wall_s", "threads", "weights_sha256")
     return {
-        "ray": mode,
         "world": world,
         "scale": meta["scale"],
         "seed": meta["seed"],
@@ -30,7 +31,7 @@ def run(cfg: DemoWorldJobConfig, out_dir: Path) -> dict[str, Any]:
         "split_rule": meta["split_rule"],
         "elapsed_s": meta["elapsed_s"],
         "models": {
-            name: {k: step.get(k) for k in ("steps", "tokens", "final_loss", "elapsed_s", "weights_sha256")}
+            name: {k: step.get(k) for k in keys}
             for name, step in meta["steps"].items()
             if name != "corpora"
         },

@@ -59,7 +59,13 @@ class FinetuneSpec:
     lora_r: int = 16
     lora_alpha: int = 32
     target_modules: tuple[str, ...] = (
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
     )
     warmup_steps: int = 5
 
@@ -92,16 +98,19 @@ def steps_for(n_tokens: int, spec: TinyLMSpec) -> int:
     return math.ceil(spec.epochs * _blocks_per_epoch(n_tokens, spec.n_positions) / spec.batch_size)
 
 
-def _batches(stream: np.ndarray, block: int, batch: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
-    """Endless ``(batch, block)`` batches: each epoch cuts the stream at a random offset
-    (so memorisation does not hinge on where a window starts) and shuffles the blocks."""
-    if len(stream) < block + 1:
-        # Too little text for one block: repeat it (the test world's tiny pools).
-        stream = np.tile(stream, math.ceil((block + 1) / max(1, len(stream))))
+def _batches(
+    stream: np.ndarray, block: int, batch: int, rng: np.random.Generator
+) -> Iterator[np.ndarray]:
+    """Endless ``(batch, block)`` batches. Each epoch cuts the stream into blocks from a random
+    offset in ``[0, block)`` (so memorisation does not hinge on where a window starts) and
+    shuffles them; the few tokens before the offset wait for another epoch."""
+    if len(stream) < 2 * block:
+        # Too little text for two blocks: repeat it (the test world's tiny pools).
+        stream = np.tile(stream, math.ceil(2 * block / max(1, len(stream))))
     pending: list[np.ndarray] = []
     while True:
-        n = _blocks_per_epoch(len(stream), block)
-        offset = int(rng.integers(0, len(stream) - n * block + 1))
+        offset = int(rng.integers(0, block))
+        n = (len(stream) - offset) // block
         blocks = stream[offset : offset + n * block].reshape(n, block)
         for i in rng.permutation(n):
             pending.append(blocks[i])

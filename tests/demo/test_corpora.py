@@ -78,7 +78,9 @@ def test_split_ids_is_seeded_disjoint_and_complete():
     a = split_ids(ids, (0.4, 0.4, 0.2), seed=3)
     assert a == split_ids(list(reversed(ids)), (0.4, 0.4, 0.2), seed=3)
     assert a != split_ids(ids, (0.4, 0.4, 0.2), seed=4)
-    counts = {side: sum(v == side for v in a.values()) for side in ("member", "nonmember", "reference")}
+    counts = {
+        side: sum(v == side for v in a.values()) for side in ("member", "nonmember", "reference")
+    }
     assert counts == {"member": 40, "nonmember": 40, "reference": 20}
     with pytest.raises(MiaError, match="too few files"):
         split_ids(ids[:4], (0.4, 0.4, 0.2), seed=0)

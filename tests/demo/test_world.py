@@ -65,7 +65,9 @@ def loss_auc(world: dict, target: str) -> tuple[float, float, float]:
 
 
 def test_fingerprint_mismatch_is_a_clear_error(tmp_path):
-    (tmp_path / "world.json").write_text(json.dumps({"fingerprint": "0" * 16, "scale": "test", "seed": 9}))
+    (tmp_path / "world.json").write_text(
+        json.dumps({"fingerprint": "0" * 16, "scale": "test", "seed": 9})
+    )
     with pytest.raises(MiaError, match="built with other settings"):
         ensure_world(WorldConfig(root=str(tmp_path), scale="test"), ["tiny"])
     assert fingerprint("test", 0) != fingerprint("test", 1) != fingerprint("demo", 1)
@@ -105,7 +107,9 @@ def test_layout_and_manifests(test_world):
     assert set(manifest.values()) == {0, 1}
     # Every evaluated book is a real file whose text is the document's text.
     books = [r for r in rows if r["source"] == "books"]
-    files = sorted(p.relative_to(root).as_posix() for p in Path(test_world["books_dir"]).rglob("*.txt"))
+    files = sorted(
+        p.relative_to(root).as_posix() for p in Path(test_world["books_dir"]).rglob("*.txt")
+    )
     assert files == sorted(r["id"] for r in books)
     assert all((root / r["id"]).read_text(encoding="utf-8") == r["text"] for r in books)
     s = SCALES["test"]
@@ -145,11 +149,25 @@ def test_training_is_deterministic_from_the_seed(test_world, tmp_path):
     meta = json.loads(Path(test_world["world_json"]).read_text())
     manifest = json.loads(Path(test_world["manifest"]).read_text())
     members = read_jsonl_texts(Path(test_world["documents"]), {d for d, y in manifest.items() if y})
-    again = _train_tiny(members, str(tmp_path / "tiny"), "test", seed=0, threads=meta["steps"]["tiny"]["threads"],
-                        train=True, name="again")
+    again = _train_tiny(
+        members,
+        str(tmp_path / "tiny"),
+        "test",
+        seed=0,
+        threads=meta["steps"]["tiny"]["threads"],
+        train=True,
+        name="again",
+    )
     assert again["weights_sha256"] == meta["steps"]["tiny"]["weights_sha256"]
-    other = _train_tiny(members, str(tmp_path / "other"), "test", seed=5, threads=again["threads"],
-                        train=True, name="other")
+    other = _train_tiny(
+        members,
+        str(tmp_path / "other"),
+        "test",
+        seed=5,
+        threads=again["threads"],
+        train=True,
+        name="other",
+    )
     assert other["weights_sha256"] != again["weights_sha256"]
 
 
@@ -163,9 +181,61 @@ def test_interrupted_build_resumes(test_world, tmp_path):
     (root / "models" / ".tmp-tiny-random-x").mkdir()  # a crash mid-step left this behind
     tiny_weights = root / "models" / "tiny" / "model.safetensors"
     before = tiny_weights.stat().st_mtime_ns
-    world = ensure_world(WorldConfig(root=str(root), scale="test", target="tiny-random"), num_cpus=2)
+    world = ensure_world(
+        WorldConfig(root=str(root), scale="test", target="tiny-random"), num_cpus=2
+    )
     meta = json.loads((root / "world.json").read_text())
     assert "tiny-random" in meta["steps"] and meta["steps"]["tiny-random"]["steps"] == 0
     assert world["model"] == str(root / "models" / "tiny-random")
     assert tiny_weights.stat().st_mtime_ns == before
     assert not list(root.rglob(".tmp-*"))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_demo_verb_trains_in_ray_tasks(ray_local, tmp_path, capsys):
+    from mia_ray.cli import main
+
+    root, out = tmp_path / "world", tmp_path / "run"
+    code = main(
+        [
+            "demo",
+            "--set",
+            "world.scale=test",
+            "--set",
+            f"world.root={root}",
+            "--set",
+            "targets=[tiny-random]",
+            "--set",
+            "resources.num_cpus=1",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    assert "building tiny-ref with 1 CPU(s) in a Ray task" in capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["models"]) == {"tiny-ref", "tiny-random"}
+    assert (
+        report["models"]["tiny-ref"]["threads"] == 1 and report["models"]["tiny-ref"]["steps"] > 0
+    )
+    assert report["world"]["manifest"] == str(root / "manifests" / "tiny-random.json")
+    assert report["sizes"]["manifests"]["tiny-random"]["members"] > 0
+    # A second run finds everything built and trains nothing.
+    assert (
+        main(
+            [
+                "demo",
+                "--set",
+                "world.scale=test",
+                "--set",
+                f"world.root={root}",
+                "--set",
+                "targets=[tiny-random]",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert "building" not in capsys.readouterr().err
