@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mia_ray.features.attacks import score_table, stats_from_columns
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -97,12 +99,20 @@ def naive(texts, model_dir, ref_dir, max_length, ratio):
     return {k: np.asarray(v) for k, v in out.items()}, passes, model
 
 
+def _attack_table(m, ratio):
+    stats = stats_from_columns(
+        m["text"], m["token_logprobs"], m["mu"], m["sigma"], m["lower_loss"], m["ref_loss"]
+    )
+    return score_table(
+        stats, ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"], [ratio], ratio
+    )
+
+
 def in_process(texts, model_dir, ref_dir, max_length, ratio, batch_size, threads):
     """The same Scorer code as the actors, called directly: batching and one pass, no Ray."""
     import pandas as pd
 
     from mia_ray.actors.scorer import Scorer
-    from mia_ray.features.attacks import SnippetStats, score_table
 
     df = pd.DataFrame({"snippet_id": [f"s{i}" for i in range(len(texts))], "text": texts})
     tgt = Scorer(
@@ -123,20 +133,7 @@ def in_process(texts, model_dir, ref_dir, max_length, ratio, batch_size, threads
         b = df.iloc[i : i + batch_size]
         parts.append(tgt(b).merge(ref(b)[["snippet_id", "ref_loss"]], on="snippet_id"))
     m = df.merge(pd.concat(parts), on="snippet_id")
-    stats = [
-        SnippetStats(
-            r.text,
-            np.asarray(r.token_logprobs, float),
-            np.asarray(r.mu, float),
-            np.asarray(r.sigma, float),
-            r.lower_loss,
-            r.ref_loss,
-        )
-        for r in m.itertuples()
-    ]
-    table = score_table(
-        stats, ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"], [ratio], ratio
-    )
+    table = _attack_table(m, ratio)
     return {k: np.asarray(v) for k, v in table.items()}
 
 
@@ -145,7 +142,6 @@ def ours(texts, model_dir, ref_dir, max_length, ratio, batch_size, threads):
     import ray
 
     from mia_ray.actors.scorer import Scorer
-    from mia_ray.features.attacks import SnippetStats, score_table
 
     df = pd.DataFrame({"snippet_id": [f"s{i}" for i in range(len(texts))], "text": texts})
     ds = ray.data.from_pandas(df).materialize()
@@ -178,20 +174,7 @@ def ours(texts, model_dir, ref_dir, max_length, ratio, batch_size, threads):
         num_cpus=1,
     ).to_pandas()
     m = df.merge(tgt, on="snippet_id").merge(ref[["snippet_id", "ref_loss"]], on="snippet_id")
-    stats = [
-        SnippetStats(
-            r.text,
-            np.asarray(r.token_logprobs, float),
-            np.asarray(r.mu, float),
-            np.asarray(r.sigma, float),
-            r.lower_loss,
-            r.ref_loss,
-        )
-        for r in m.itertuples()
-    ]
-    table = score_table(
-        stats, ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"], [ratio], ratio
-    )
+    table = _attack_table(m, ratio)
     order = {s: i for i, s in enumerate(m["snippet_id"])}
     idx = [order[f"s{i}"] for i in range(len(texts))]
     return {k: np.asarray(v)[idx] for k, v in table.items()}, int(m["n_tokens"].sum())

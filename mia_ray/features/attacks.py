@@ -136,6 +136,31 @@ def ref(s: SnippetStats) -> float:
     return s.ref_loss - _mean_nll(s)
 
 
+def stats_from_columns(
+    texts: Sequence[str],
+    token_logprobs: Sequence[Sequence[float]],
+    mu: Sequence[Sequence[float]],
+    sigma: Sequence[Sequence[float]],
+    lower_loss: Sequence[float] | None = None,
+    ref_loss: Sequence[float] | None = None,
+) -> list[SnippetStats]:
+    """Row-aligned columns (as a Scorer writes them) -> one SnippetStats per snippet."""
+    n = len(texts)
+    lower = [None] * n if lower_loss is None else [float(v) for v in lower_loss]
+    ref = [None] * n if ref_loss is None else [float(v) for v in ref_loss]
+    return [
+        SnippetStats(
+            t,
+            np.asarray(lp, np.float64),
+            np.asarray(m, np.float64),
+            np.asarray(sd, np.float64),
+            lo,
+            rf,
+        )
+        for t, lp, m, sd, lo, rf in zip(texts, token_logprobs, mu, sigma, lower, ref, strict=True)
+    ]
+
+
 def score_table(
     stats: Sequence[SnippetStats],
     attacks: Sequence[str],

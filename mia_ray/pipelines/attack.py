@@ -117,7 +117,7 @@ def _aggregate(snip: pd.DataFrame, cols: list[str], how: str) -> pd.DataFrame:
 def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Snippet-level and document-level attack scores; also returns the labels and timings."""
     from mia_ray.data.snippets import make_snippets
-    from mia_ray.features.attacks import SnippetStats, score_table
+    from mia_ray.features.attacks import score_table, stats_from_columns
 
     t0 = time.time()
     docs, labels = labelled_documents(cfg.data)
@@ -180,17 +180,14 @@ def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.Dat
         raise MiaError(f"scored {len(merged)} of {len(snip_meta)} snippets: results are missing")
     t_score = time.time() - t1
 
-    stats = [
-        SnippetStats(
-            text=r.text,
-            token_logprobs=np.asarray(r.token_logprobs, dtype=np.float64),
-            mu=np.asarray(r.mu, dtype=np.float64),
-            sigma=np.asarray(r.sigma, dtype=np.float64),
-            lower_loss=getattr(r, "lower_loss", None),
-            ref_loss=getattr(r, "ref_loss", None),
-        )
-        for r in merged.itertuples(index=False)
-    ]
+    stats = stats_from_columns(
+        merged["text"],
+        merged["token_logprobs"],
+        merged["mu"],
+        merged["sigma"],
+        merged["lower_loss"] if "lower_loss" in merged else None,
+        merged["ref_loss"] if "ref_loss" in merged else None,
+    )
     table = score_table(stats, attacks, cfg.attack.min_k_ratios, cfg.attack.min_k_ratio)
     snip_scores = merged[["snippet_id", "doc_id", "n_tokens"]].copy()
     for name, col in table.items():

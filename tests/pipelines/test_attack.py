@@ -11,27 +11,17 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ATTACKS = ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"]
 
 
-def _attack(tmp_path, test_world, target, name, *extra):
+def _args(test_world, target, out):
+    return [
+        "attack", "--config", "jobs/attack_demo.yaml",
+        "--set", "world.scale=test", "--set", f"world.root={test_world['root']}",
+        "--set", f"world.target={target}", "--set", "eval.bootstrap=500", "--out", str(out),
+    ]  # fmt: skip
+
+
+def _attack(tmp_path, test_world, target, name):
     out = tmp_path / name
-    code = main(
-        [
-            "attack",
-            "--config",
-            "jobs/attack_demo.yaml",
-            "--set",
-            "world.scale=test",
-            "--set",
-            f"world.root={test_world['root']}",
-            "--set",
-            f"world.target={target}",
-            "--set",
-            "eval.bootstrap=500",
-            "--out",
-            str(out),
-            *extra,
-        ]
-    )
-    assert code == 0
+    assert main(_args(test_world, target, out)) == 0
     return out, json.loads((out / "report.json").read_text())
 
 
@@ -79,23 +69,7 @@ def test_interrupted_scoring_resumes_with_identical_numbers(tmp_path, test_world
     lost = len(pd.read_parquet(parts[-1]))
     total = sum(len(pd.read_parquet(p)) for p in parts)
     parts[-1].unlink()  # as if the run had stopped before its last part was written
-    code = main(
-        [
-            "attack",
-            "--config",
-            "jobs/attack_demo.yaml",
-            "--set",
-            "world.scale=test",
-            "--set",
-            f"world.root={test_world['root']}",
-            "--set",
-            "world.target=tiny",
-            "--set",
-            "eval.bootstrap=500",
-            "--out",
-            str(out),
-        ]
-    )
+    code = main(_args(test_world, "tiny", out))
     assert code == 0
     assert f"reusing {total - lost} scored snippets in target/" in capsys.readouterr().err
     again = json.loads((out / "report.json").read_text())
