@@ -21,8 +21,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def ray_head(tmp_path):
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("head")
     ray_bin = str(Path(sys.executable).parent / "ray")
     port, dash = _free_port(), _free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
@@ -60,7 +61,7 @@ def ray_head(tmp_path):
         time.sleep(2)
     else:
         raise RuntimeError("ray head did not come up")
-    yield url, env
+    yield url, env, port
     os.killpg(head.pid, signal.SIGTERM)
     try:
         head.wait(60)
@@ -69,7 +70,7 @@ def ray_head(tmp_path):
 
 
 def test_attack_demo_via_ray_job_submit(ray_head, test_world, tmp_path):
-    url, env = ray_head
+    url, env, _ = ray_head
     ray_bin = str(Path(sys.executable).parent / "ray")
     out = tmp_path / "job-run"
     cmd = [
@@ -105,3 +106,16 @@ def test_attack_demo_via_ray_job_submit(ray_head, test_world, tmp_path):
     assert (out / "report.html").stat().st_size > 1000
     # The driver attached to the job's cluster instead of starting its own instance.
     assert report["runtime"]["mode"] == "job"
+
+
+def test_address_attaches_to_a_running_cluster(ray_head):
+    _, env, port = ray_head
+    code = (
+        "from mia_ray.runtime import connect, describe; "
+        f"mode = connect(address='127.0.0.1:{port}'); d = describe(); print(mode, d['cpus'], d['nodes'])"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-3:] == ["cluster", "2.0", "1"]
