@@ -2,10 +2,13 @@
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,8 +25,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ray_head(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("head")
+def ray_head():
+    # Ray's socket paths must stay under 108 bytes: a short temp dir, not pytest's deep one.
+    temp_dir = tempfile.mkdtemp(prefix="mia-head-", dir="/tmp")
     ray_bin = str(Path(sys.executable).parent / "ray")
     port, dash = _free_port(), _free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
@@ -41,7 +45,7 @@ def ray_head(tmp_path_factory):
             f"--dashboard-port={dash}",
             "--num-cpus=2",
             "--include-dashboard=true",
-            f"--temp-dir={tmp_path / 'ray'}",
+            f"--temp-dir={temp_dir}",
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -67,6 +71,7 @@ def ray_head(tmp_path_factory):
         head.wait(60)
     except subprocess.TimeoutExpired:
         os.killpg(head.pid, signal.SIGKILL)
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_attack_demo_via_ray_job_submit(ray_head, test_world, tmp_path):
@@ -99,7 +104,10 @@ def test_attack_demo_via_ray_job_submit(ray_head, test_world, tmp_path):
     ]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "SUCCEEDED" in r.stdout + r.stderr
+    job_id = re.search(r"raysubmit_\w+", r.stdout + r.stderr).group(0)
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    assert JobSubmissionClient(url).get_job_status(job_id) == JobStatus.SUCCEEDED
     report = json.loads((out / "report.json").read_text())
     assert report["pipeline"] == "attack"
     assert report["metrics"]["loss"]["auc"] >= 0.9
