@@ -102,7 +102,13 @@ def test_attack_demo_via_ray_job_submit(ray_head, test_world, tmp_path):
         "--out",
         str(out),
     ]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+    # The dashboard answers before the head's job agent registers: Ray then refuses with
+    # "No available agent" and asks to try again, which is what a user would do.
+    for _ in range(30):
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+        if "No available agent" not in r.stdout + r.stderr:
+            break
+        time.sleep(2)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     job_id = re.search(r"raysubmit_\w+", r.stdout + r.stderr).group(0)
     from ray.job_submission import JobStatus, JobSubmissionClient
