@@ -138,7 +138,13 @@ def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.Dat
     t_data = time.time() - t0
 
     attacks = list(cfg.attack.attacks)
-    fp_snip = fingerprint(sorted(snip_meta["snippet_id"]), cfg.data, cfg.model.max_length)
+    # Scored rows are reused only for the very same snippet texts, ids and cropping.
+    ordered = snip_meta.sort_values("snippet_id")
+    fp_snip = fingerprint(
+        pd.util.hash_pandas_object(ordered[["snippet_id", "text"]], index=False).sum(),
+        len(ordered),
+        cfg.model.max_length,
+    )
     rows_dir = out / "rows"
     t1 = time.time()
     log(f"scoring with target {cfg.model.name_or_path} on {cfg.resources.scorer_actors} actor(s)")
