@@ -35,4 +35,5 @@ lint: setup
 	$(VENV)/bin/ruff format --check mia_ray tests bench
 
 bench: setup
-	$(VENV)/bin/python bench/scorer_bench.py --out BENCHMARKS.md
+	$(VENV)/bin/python bench/scorer_bench.py --target tiny --n-snippets 192 --out BENCHMARKS.md
+	$(VENV)/bin/python bench/scorer_bench.py --target smollm2 --n-snippets 32 --out BENCHMARKS.md

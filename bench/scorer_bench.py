@@ -8,7 +8,7 @@ models on this machine, in one run, and must agree on every score.
 Also: our achieved FLOP/s (forward FLOPs of the passes we ran / our scoring time) against
 this machine's fp32 matmul FLOP/s measured with torch at the same thread count.
 
-    python bench/scorer_bench.py --world-root ~/.cache/mia-ray/world-demo --out BENCHMARKS.md
+    make bench   # both targets; needs the demo world with smollm2 (mia-ray demo --set targets=[tiny,smollm2])
 """
 
 from __future__ import annotations
