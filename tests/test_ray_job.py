@@ -18,10 +18,14 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +33,10 @@ def ray_head():
     # Ray's socket paths must stay under 108 bytes: a short temp dir, not pytest's deep one.
     temp_dir = tempfile.mkdtemp(prefix="mia-head-", dir="/tmp")
     ray_bin = str(Path(sys.executable).parent / "ray")
-    port, dash = _free_port(), _free_port()
+    # Every listening port is chosen here: the session's local instance (`ray_local`) already
+    # holds Ray's defaults, e.g. the dashboard agent's 52365, and a head whose agent cannot
+    # bind answers every job submission with "No available agent".
+    port, dash, agent_http, agent_grpc, metrics, runtime_env, client = _free_ports(7)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     # --block keeps the head as our child: terminating it stops this head only, never the
     # session's other local Ray instance (as `ray stop` would).
@@ -43,6 +50,11 @@ def ray_head():
             "--node-ip-address=127.0.0.1",
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={dash}",
+            f"--dashboard-agent-listen-port={agent_http}",
+            f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--metrics-export-port={metrics}",
+            f"--runtime-env-agent-port={runtime_env}",
+            f"--ray-client-server-port={client}",
             "--num-cpus=2",
             "--include-dashboard=true",
             f"--temp-dir={temp_dir}",
@@ -102,9 +114,9 @@ def test_attack_demo_via_ray_job_submit(ray_head, test_world, tmp_path):
         "--out",
         str(out),
     ]
-    # The dashboard answers before the head's job agent registers: Ray then refuses with
-    # "No available agent" and asks to try again, which is what a user would do.
-    for _ in range(30):
+    # The dashboard answers a few seconds before the head's job agent registers: Ray then
+    # refuses with "No available agent" and asks to try again, which is what a user would do.
+    for _ in range(15):
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
         if "No available agent" not in r.stdout + r.stderr:
             break
