@@ -21,7 +21,12 @@ _REGISTRY: dict[str, dict[str, Any]] = {}
 # Modules whose import registers entries of a kind; loaded on first lookup of that kind.
 _PROVIDERS: dict[str, tuple[str, ...]] = {
     "attack": ("mia_ray.features.attacks",),
-    "pipeline": ("mia_ray.pipelines.attack", "mia_ray.pipelines.demo_world"),
+    "detector": ("mia_ray.detectors.filelevel",),
+    "pipeline": (
+        "mia_ray.pipelines.attack",
+        "mia_ray.pipelines.demo_world",
+    ),
+    "uncertainty": ("mia_ray.features.uncertainty",),
 }
 
 
