@@ -20,11 +20,10 @@ from mia_ray.pipelines.common import (
     labelled_documents,
     log,
     resolve_world,
+    resumable_map,
 )
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
-
-PART_ROWS = 512  # scored snippets per part file: the granularity of resuming
 
 
 def _score_pool(
@@ -38,76 +37,37 @@ def _score_pool(
     out_dir: Path,
     fp: str,
 ):
-    """Stream snippets through one Scorer pool, writing results in parts as they arrive.
-
-    A rerun with the same fingerprint skips every snippet already in a part, so an
-    interrupted scoring resumes where it stopped instead of starting over.
-    """
-    import shutil
-
+    """Stream snippets through one Scorer pool, resumably (see ``resumable_map``)."""
     import ray
 
     from mia_ray.actors.scorer import Scorer
-    from mia_ray.reports.io import read_json, write_json, write_parquet
 
-    meta = out_dir / "meta.json"
-    if out_dir.exists() and (not meta.exists() or read_json(meta).get("fingerprint") != fp):
-        log(f"{out_dir.name}: model or snippets changed since the last run; scoring afresh")
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(meta, {"fingerprint": fp, "model": model})
-    parts = sorted(out_dir.glob("part-*.parquet"))
-    done = set()
-    for part in parts:
-        done.update(pd.read_parquet(part, columns=["snippet_id"])["snippet_id"])
-    todo = snippets.select_columns(["snippet_id", "text"])
-    if done:
-        log(f"reusing {len(done)} scored snippets in {out_dir.name}/")
-        todo = todo.filter(lambda r: r["snippet_id"] not in done)
     threads = res_cfg.torch_threads or max(1, int(np.ceil(res_cfg.cpus_per_actor)))
-    scored = todo.map_batches(
-        Scorer,
-        fn_constructor_kwargs={
-            "model": model,
-            "device": model_cfg.device,
-            "dtype": model_cfg.dtype,
-            "max_length": model_cfg.max_length,
-            "revision": model_cfg.revision if prefix == "" else "",
-            "gguf_file": model_cfg.gguf_file if prefix == "" else "",
-            "trust_remote_code": model_cfg.trust_remote_code,
-            "torch_threads": threads,
-            "lowercase": lowercase,
-            "token_stats": full,
-            "prefix": prefix,
-        },
-        batch_size=model_cfg.batch_size,
-        batch_format="pandas",
-        compute=ray.data.ActorPoolStrategy(size=res_cfg.scorer_actors),
-        num_cpus=res_cfg.cpus_per_actor,
-        num_gpus=res_cfg.gpus_per_actor,
-    )
-    total, n_new, buffer = snippets.count(), 0, []
-    t0, last = time.time(), 0.0
 
-    def flush() -> None:
-        if buffer:
-            write_parquet(
-                out_dir / f"part-{len(parts):05d}.parquet", pd.concat(buffer, ignore_index=True)
-            )
-            parts.append(out_dir / f"part-{len(parts):05d}.parquet")
-            buffer.clear()
+    def mapper(todo):
+        return todo.select_columns(["snippet_id", "text"]).map_batches(
+            Scorer,
+            fn_constructor_kwargs={
+                "model": model,
+                "device": model_cfg.device,
+                "dtype": model_cfg.dtype,
+                "max_length": model_cfg.max_length,
+                "revision": model_cfg.revision if prefix == "" else "",
+                "gguf_file": model_cfg.gguf_file if prefix == "" else "",
+                "trust_remote_code": model_cfg.trust_remote_code,
+                "torch_threads": threads,
+                "lowercase": lowercase,
+                "token_stats": full,
+                "prefix": prefix,
+            },
+            batch_size=model_cfg.batch_size,
+            batch_format="pandas",
+            compute=ray.data.ActorPoolStrategy(size=res_cfg.scorer_actors),
+            num_cpus=res_cfg.cpus_per_actor,
+            num_gpus=res_cfg.gpus_per_actor,
+        )
 
-    for batch in scored.iter_batches(batch_format="pandas", batch_size=None):
-        buffer.append(batch)
-        n_new += len(batch)
-        if sum(len(b) for b in buffer) >= PART_ROWS:
-            flush()
-        if time.time() - last > 10:
-            last = time.time()
-            rate = n_new / max(last - t0, 1e-9)
-            log(f"{out_dir.name}: {len(done) + n_new}/{total} snippets ({rate:.1f}/s)")
-    flush()
-    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+    return resumable_map(snippets, out_dir, fp, mapper, out_dir.name)
 
 
 def _aggregate(snip: pd.DataFrame, cols: list[str], how: str) -> pd.DataFrame:

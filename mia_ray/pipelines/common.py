@@ -6,9 +6,14 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mia_ray.errors import MiaError
+
+PART_ROWS = 512  # result rows per part file: the granularity of resuming
+BLOCK_ROWS = 64  # rows per input block: results (and progress) arrive at least this often
 
 
 def log(msg: str) -> None:
@@ -89,3 +94,58 @@ def labelled_documents(data_cfg):
         ds = ds.filter(lambda r: r["doc_id"] in keep).materialize()
     check_classes(labels, data_cfg.min_docs_per_class)
     return ds, labels
+
+
+def resumable_map(rows, out_dir: Path, fp: str, mapper: Callable[[Any], Any], what: str):
+    """Stream ``rows`` (a Ray Dataset with a unique ``snippet_id``) through ``mapper(ds) -> ds``
+    and write the results in parts to ``out_dir`` as they arrive; return all rows (pandas).
+
+    A rerun with the same fingerprint ``fp`` skips every row already in a part, so an
+    interrupted run resumes where it stopped; a different fingerprint starts afresh.
+    """
+    import shutil
+
+    import pandas as pd
+
+    from mia_ray.reports.io import read_json, write_json, write_parquet
+
+    meta = out_dir / "meta.json"
+    if out_dir.exists() and (not meta.exists() or read_json(meta).get("fingerprint") != fp):
+        log(f"{what}: inputs changed since the last run; computing afresh")
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(meta, {"fingerprint": fp})
+    parts = sorted(out_dir.glob("part-*.parquet"))
+    done: set[str] = set()
+    for part in parts:
+        done.update(pd.read_parquet(part, columns=["snippet_id"])["snippet_id"])
+    total = rows.count()
+    todo = rows
+    if done:
+        log(f"{what}: reusing {len(done)} of {total} rows")
+        todo = rows.filter(lambda r: r["snippet_id"] not in done)
+    # One map task emits its output only when its whole input block is done: small blocks
+    # keep results streaming into parts (and Ray Data's no-progress watchdog fed).
+    todo = todo.repartition(max(1, -(-(total - len(done)) // BLOCK_ROWS)))
+    n_new, buffer = 0, []
+    t0, last = time.time(), 0.0
+
+    def flush() -> None:
+        if buffer:
+            path = out_dir / f"part-{len(parts):05d}.parquet"
+            write_parquet(path, pd.concat(buffer, ignore_index=True))
+            parts.append(path)
+            buffer.clear()
+
+    if len(done) < total:
+        for batch in mapper(todo).iter_batches(batch_format="pandas", batch_size=None):
+            buffer.append(batch)
+            n_new += len(batch)
+            if sum(len(b) for b in buffer) >= PART_ROWS:
+                flush()
+            if time.time() - last > 10:
+                last = time.time()
+                rate = n_new / max(last - t0, 1e-9)
+                log(f"{what}: {len(done) + n_new}/{total} rows ({rate:.1f}/s)")
+        flush()
+    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)

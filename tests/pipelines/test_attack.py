@@ -27,13 +27,13 @@ def _attack(tmp_path, test_world, target, name):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, ray_local, test_world):
-    import mia_ray.pipelines.attack as attack
+    import mia_ray.pipelines.common as common
 
-    saved, attack.PART_ROWS = attack.PART_ROWS, 40  # several part files, to test resuming
+    saved, common.PART_ROWS = common.PART_ROWS, 40  # several part files, to test resuming
     try:
         return _attack(tmp_path_factory.mktemp("runs"), test_world, "tiny", "tiny")
     finally:
-        attack.PART_ROWS = saved
+        common.PART_ROWS = saved
 
 
 def test_report_has_every_attack_with_ci_and_tpr(tiny_run):
@@ -71,7 +71,7 @@ def test_interrupted_scoring_resumes_with_identical_numbers(tmp_path, test_world
     parts[-1].unlink()  # as if the run had stopped before its last part was written
     code = main(_args(test_world, "tiny", out))
     assert code == 0
-    assert f"reusing {total - lost} scored snippets in target/" in capsys.readouterr().err
+    assert f"target: reusing {total - lost} of {total} rows" in capsys.readouterr().err
     again = json.loads((out / "report.json").read_text())
     assert again["metrics"] == report["metrics"]
 
