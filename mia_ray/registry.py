@@ -24,6 +24,7 @@ _PROVIDERS: dict[str, tuple[str, ...]] = {
     "detector": ("mia_ray.detectors.filelevel",),
     "pipeline": (
         "mia_ray.pipelines.attack",
+        "mia_ray.pipelines.copycheck",
         "mia_ray.pipelines.demo_world",
     ),
     "uncertainty": ("mia_ray.features.uncertainty",),

@@ -1,0 +1,243 @@
+"""CopyCheck fine-tuning (§IV-A): teach the target to answer "1" (suspected) or "0" (unseen).
+
+One function trains one uncertainty model ("member"): ``mcd`` (LoRA with dropout, kept on
+at sampling time), ``blob`` (Bayesian LoRA, :mod:`mia_ray.models.blob`) or ``ens-<i>`` (one
+of the deep ensemble's LoRA fine-tunes, seed ``seed + i``). The loss is the cross-entropy of
+the two answer logits; BLoB adds its KL term divided by the number of training snippets (the
+per-example ELBO). Training runs in the HF ``Trainer``, so a DeepSpeed config passes straight
+through and Ray Train's ``TorchTrainer`` can run a member on several GPUs.
+
+No Ray here: :func:`mia_ray.train.launch.train_members` runs members as Ray Tune trials.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from mia_ray.errors import MiaError
+
+DONE = "done.json"
+
+
+def member_seed(name: str, seed: int) -> int:
+    return seed + int(name.split("-")[1]) if name.startswith("ens-") else seed
+
+
+def default_targets(model) -> list[str]:
+    """LoRA targets by architecture: GPT-2's fused attention ``c_attn``, else q and v."""
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    for option in (["c_attn"], ["q_proj", "v_proj"], ["query_key_value"], ["qkv_proj"]):
+        if set(option) <= names:
+            return option
+    raise MiaError(
+        "cannot guess LoRA target modules for this architecture; set finetune.target_modules"
+    )
+
+
+class _Snippets:
+    """A torch-style dataset of (prompt ids, pseudo-label) with the encoder's left-padding."""
+
+    def __init__(self, seqs: list[list[int]], labels: list[int]):
+        self.seqs, self.labels = seqs, labels
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"ids": self.seqs[i], "label": self.labels[i]}
+
+
+def _make_trainer_cls():
+    import torch
+    from transformers import Trainer
+
+    class AnswerTrainer(Trainer):
+        """HF Trainer whose loss is CE over the answer logits (+ BLoB's KL / n_train)."""
+
+        answer_ids: list[int] = []
+        kl_scale: float = 0.0
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            labels = inputs.pop("labels")
+            z = _answer_logits(model, inputs, self.answer_ids)
+            loss = torch.nn.functional.cross_entropy(z, labels)
+            if self.kl_scale:
+                from mia_ray.models.blob import blob_kl
+
+                loss = loss + self.kl_scale * blob_kl(model)
+            return (loss, z) if return_outputs else loss
+
+    return AnswerTrainer
+
+
+def _answer_logits(model, batch, answer_ids):
+    from mia_ray.models.prompt import answer_logits
+
+    return answer_logits(model, batch, answer_ids)
+
+
+def build_model(base: str, kind: str, spec, device: str, dtype: str, seed: int):
+    """The base model with fresh adapters of ``kind`` ("mcd"/"ens-*": LoRA; "blob": BLoB)."""
+    import torch
+
+    from mia_ray.models.hf import load_causal_lm
+
+    torch.manual_seed(seed)  # adapter initialisation
+    model, tok, dev = load_causal_lm(base, device, dtype)
+    targets = list(spec.target_modules) or default_targets(model)
+    if kind == "blob":
+        from mia_ray.models.blob import BlobConfig, add_blob_adapters
+
+        cfg = BlobConfig(
+            r=spec.lora_r,
+            alpha=spec.lora_alpha,
+            target_modules=tuple(targets),
+            prior_std=spec.blob_prior_std,
+            init_std=spec.blob_init_std,
+        )
+        add_blob_adapters(model, cfg)
+        return model, tok, dev, cfg
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(
+        r=spec.lora_r,
+        lora_alpha=spec.lora_alpha,
+        lora_dropout=spec.lora_dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+        fan_in_fan_out=targets == ["c_attn"],  # GPT-2's Conv1D stores weights transposed
+    )
+    return get_peft_model(model, cfg), tok, dev, cfg
+
+
+def train_member(
+    name: str,
+    base: str,
+    texts: list[str],
+    labels: list[int],
+    out_dir: str | Path,
+    spec,
+    device: str = "auto",
+    dtype: str = "auto",
+    threads: int = 0,
+    fingerprint: str = "",
+    prepare=None,
+    save: bool = True,
+) -> dict[str, Any]:
+    """Fine-tune one member on (snippet, pseudo-label) pairs; save its adapter to ``out_dir``.
+
+    Skips (and returns the saved record) when ``out_dir/done.json`` holds the same
+    fingerprint: the adapter of a finished member is never retrained. ``prepare(trainer)``
+    wraps the HF Trainer (Ray Train's data-parallel preparation); ``save=False`` on all but
+    one of several workers.
+    """
+    import torch
+    from transformers import TrainingArguments
+
+    from mia_ray.models.hf import set_torch_threads
+    from mia_ray.models.prompt import PromptEncoder
+
+    out = Path(out_dir)
+    done = out / DONE
+    if done.exists():
+        record = json.loads(done.read_text())
+        if record.get("fingerprint") == fingerprint:
+            record["skipped"] = True
+            return record
+    if not texts or len(set(labels)) < 2:
+        raise MiaError(f"member {name}: fine-tuning needs snippets with both pseudo-labels 0 and 1")
+    set_torch_threads(threads)
+    seed = member_seed(name, spec.seed)
+    kind = "blob" if name == "blob" else "lora"
+    t0 = time.monotonic()
+    model, tok, dev, adapter_cfg = build_model(base, name, spec, device, dtype, seed)
+    enc = PromptEncoder(tok, spec.template, spec.max_length)
+    data = _Snippets(enc.encode(texts), [int(y) for y in labels])
+
+    def collate(rows):
+        batch = enc.collate([r["ids"] for r in rows])
+        batch["labels"] = torch.tensor([r["label"] for r in rows], dtype=torch.long)
+        return batch
+
+    steps = math.ceil(spec.epochs * len(data) / (spec.batch_size * spec.grad_accum))
+    args = TrainingArguments(
+        output_dir=str(out / "checkpoints"),
+        per_device_train_batch_size=spec.batch_size,
+        gradient_accumulation_steps=spec.grad_accum,
+        max_steps=steps,
+        learning_rate=spec.lr,
+        weight_decay=spec.weight_decay,
+        warmup_steps=math.ceil(spec.warmup_ratio * steps),
+        lr_scheduler_type="linear",
+        seed=seed,
+        data_seed=seed,
+        logging_steps=max(1, steps // 10),
+        save_strategy="no",
+        report_to=[],
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        use_cpu=dev == "cpu",
+        bf16=dev == "cuda" and dtype in ("auto", "bfloat16"),
+        deepspeed=spec.deepspeed or None,
+        disable_tqdm=True,
+    )
+    trainer_cls = _make_trainer_cls()
+    trainer = trainer_cls(model=model, args=args, train_dataset=data, data_collator=collate)
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # one summary line per member instead (below)
+    trainer.answer_ids = enc.answer_ids
+    trainer.kl_scale = spec.blob_kl_weight / len(data) if kind == "blob" else 0.0
+    if prepare is not None:
+        trainer = prepare(trainer)
+    result = trainer.train()
+    losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
+    if not save:
+        return {"member": name, "saved": False}
+    adapter = out / "adapter"
+    tmp = out / "adapter.tmp"
+    if kind == "blob":
+        from mia_ray.models.blob import save_blob
+
+        save_blob(model, tmp, adapter_cfg)
+    else:
+        model.save_pretrained(tmp)
+    if adapter.exists():
+        import shutil
+
+        shutil.rmtree(adapter)
+    tmp.rename(adapter)
+    record = {
+        "member": name,
+        "kind": kind,
+        "seed": seed,
+        "base": base,
+        "spec": asdict(spec),
+        "n_train": len(data),
+        "n_label1": int(sum(data.labels)),
+        "steps": steps,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "train_loss": float(result.training_loss),
+        "elapsed_s": round(time.monotonic() - t0, 2),
+        "threads": torch.get_num_threads(),
+        "device": dev,
+        "fingerprint": fingerprint,
+    }
+    print(
+        f"[train {out.parent.name}/{name}] {steps} steps on {len(data)} snippets, loss "
+        f"{record['first_loss'] or 0:.3f} -> {record['final_loss'] or 0:.3f}, "
+        f"{record['elapsed_s']:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    tmp_done = out / (DONE + ".tmp")
+    tmp_done.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    tmp_done.replace(done)
+    return record

@@ -1,0 +1,151 @@
+"""Run CopyCheck's fine-tunings as Ray Tune trials: concurrent as resources allow, resumable.
+
+Every member (MC dropout, BLoB, each ensemble member, for every experiment) is one trial of
+one Tune run. A member that finished before (its ``done.json`` carries the same
+fingerprint) is not launched again, so rerunning the command retrains nothing. With
+``train_workers > 1`` a trial trains its member with Ray Train's ``TorchTrainer`` (HF Trainer
+prepared for data parallelism; DeepSpeed ZeRO comes from the member's config).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from mia_ray.errors import MiaError
+from mia_ray.train.copycheck import DONE, train_member
+
+
+def finished(job: dict[str, Any]) -> bool:
+    done = Path(job["out_dir"]) / DONE
+    return done.exists() and json.loads(done.read_text()).get("fingerprint") == job["fingerprint"]
+
+
+def _spec(job: dict[str, Any]):
+    from mia_ray.config import FinetuneConfig, from_dict
+
+    return from_dict(FinetuneConfig, job["spec"])
+
+
+def _texts(job: dict[str, Any]) -> tuple[list[str], list[int]]:
+    import pandas as pd
+
+    df = pd.read_parquet(job["train_file"]).sort_values("snippet_id")
+    return df["text"].tolist(), df["label"].astype(int).tolist()
+
+
+def run_job(job: dict[str, Any], threads: int, prepare=None, save: bool = True) -> dict[str, Any]:
+    texts, labels = _texts(job)
+    return train_member(
+        job["member"],
+        job["base"],
+        texts,
+        labels,
+        job["out_dir"],
+        _spec(job),
+        device=job["device"],
+        dtype=job["dtype"],
+        threads=threads,
+        fingerprint=job["fingerprint"],
+        prepare=prepare,
+        save=save,
+    )
+
+
+def _worker_loop(config: dict[str, Any]) -> None:
+    import ray.train
+    from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
+
+    def prepare(trainer):
+        trainer.add_callback(RayTrainReportCallback())
+        return prepare_trainer(trainer)
+
+    rank = ray.train.get_context().get_world_rank()
+    run_job(config["job"], config["threads"], prepare=prepare, save=rank == 0)
+
+
+def _trial(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    job, threads, workers = config["job"], config["threads"], config["workers"]
+    if workers > 1:
+        from ray.train import ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        TorchTrainer(
+            _worker_loop,
+            train_loop_config={"job": job, "threads": threads},
+            scaling_config=ScalingConfig(
+                num_workers=workers,
+                use_gpu=config["gpus"] > 0,
+                resources_per_worker={"CPU": config["cpus"], "GPU": config["gpus"]},
+            ),
+        ).fit()
+        record = json.loads((Path(job["out_dir"]) / DONE).read_text())
+    else:
+        record = run_job(job, threads)
+    tune.report({"final_loss": record.get("final_loss") or 0.0, "elapsed_s": record["elapsed_s"]})
+
+
+def train_members(
+    jobs: list[dict[str, Any]],
+    storage: Path,
+    cpus: float = 1.0,
+    gpus: float = 0.0,
+    workers: int = 1,
+    max_concurrent: int = 0,
+    name: str = "finetune",
+    log=print,
+) -> list[dict[str, Any]]:
+    """Train every unfinished job as a Tune trial; return every job's ``done.json`` record.
+
+    ``jobs``: dicts with member, base, train_file (parquet of snippet_id, text, label),
+    out_dir, spec (FinetuneConfig as a dict), device, dtype, fingerprint.
+    """
+    pending = [j for j in jobs if not finished(j)]
+    if len(pending) < len(jobs):
+        log(f"fine-tuning: {len(jobs) - len(pending)} of {len(jobs)} members already trained")
+    if pending:
+        from ray import tune
+
+        threads = max(1, math.ceil(cpus))
+        # With workers > 1 the trial itself only coordinates; its workers hold the resources.
+        trial_res = {"cpu": 0.01, "gpu": 0} if workers > 1 else {"cpu": cpus, "gpu": gpus}
+        log(
+            f"fine-tuning {len(pending)} members as Ray Tune trials "
+            f"({cpus:g} CPU, {gpus:g} GPU, {workers} worker(s) each)"
+        )
+        tuner = tune.Tuner(
+            tune.with_resources(_trial, trial_res),
+            param_space={
+                "job": tune.grid_search(pending),
+                "threads": threads,
+                "workers": workers,
+                "cpus": cpus,
+                "gpus": gpus,
+            },
+            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent or None),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=str(Path(storage).resolve()),
+                verbose=0,
+                failure_config=tune.FailureConfig(max_failures=1),
+            ),
+        )
+        grid = tuner.fit()
+        errors = [r.error for r in grid if r.error is not None]
+        if errors:
+            from mia_ray.errors import find_mia_error
+
+            err = errors[0]
+            mia = find_mia_error(err)
+            raise MiaError(
+                f"{len(errors)} fine-tuning trial(s) failed; first: "
+                + (str(mia) if mia else str(err).strip().splitlines()[-1][:300])
+            )
+    missing = [j["member"] for j in jobs if not finished(j)]
+    if missing:
+        raise MiaError(f"fine-tuning did not finish members {missing}")
+    return [json.loads((Path(j["out_dir"]) / DONE).read_text()) for j in jobs]

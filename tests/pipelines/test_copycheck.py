@@ -1,0 +1,115 @@
+"""CopyCheck end to end on the test world: the report's contract, resuming, a killed sampler."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from mia_ray.cli import main
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+METHODS = {
+    "gmm", "hierarchical", "kmeans", "isolation_forest", "one_class_svm", "dbscan",
+    "prob_tool", "neighbor_loss", "neighbor_ppl", "meeus",
+}  # fmt: skip
+N_UNSEEN = [2, 4]
+
+
+def _args(test_world, out):
+    return [
+        "copycheck", "--config", "jobs/copycheck_demo.yaml",
+        "--set", "world.scale=test", "--set", f"world.root={test_world['root']}",
+        "--set", "experiment.n_suspected=10", "--set", "experiment.n_unseen=8",
+        "--set", f"experiment.n_unseen_in_suspected={N_UNSEEN}",
+        "--set", "uncertainty.ensemble_size=3", "--set", "uncertainty.n_samples=4",
+        "--set", "data.snippet_size=48", "--set", "data.max_snippets_per_doc=2",
+        "--set", "finetune.max_length=128", "--set", "finetune.lr=1e-3",
+        "--set", "detect.n_neighbors=3", "--set", "detect.meeus_max_docs_per_class=10",
+        "--out", str(out),
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, ray_local, test_world):
+    out = tmp_path_factory.mktemp("copycheck") / "run"
+    assert main(_args(test_world, out)) == 0
+    return out, json.loads((out / "report.json").read_text())
+
+
+def _numbers(report):
+    return report["results"], report["files"]
+
+
+def test_results_cover_every_method_and_n_unseen_with_consistent_counts(run):
+    _, report = run
+    rows = report["results"]
+    assert {(r["method"], r["n_unseen"]) for r in rows} == {
+        (m, n) for m in METHODS for n in N_UNSEEN
+    }
+    for r in rows:
+        assert r["tp"] + r["fp"] + r["fn"] + r["tn"] == 10  # the suspected files
+        assert r["tp"] + r["fn"] == 10 - r["n_unseen"]  # truly seen among them
+        assert r["acc"] == pytest.approx((r["tp"] + r["tn"]) / 10)
+        tpr = r["tp"] / (r["tp"] + r["fn"])
+        tnr = r["tn"] / (r["tn"] + r["fp"])
+        assert r["bacc"] == pytest.approx((tpr + tnr) / 2)
+
+
+def test_every_suspected_file_gets_a_verdict_and_confidence(run):
+    out, report = run
+    files = report["files"]
+    assert len(files) == 10 * len(N_UNSEEN)
+    for f in files:
+        assert set(f) >= {"file_id", "verdict", "confidence", "label"}
+        assert f["verdict"] in ("seen", "unseen") and 0 <= f["confidence"] <= 1
+        assert f["label"] in (0, 1) and f["file_id"].startswith("books/")
+    per_exp = {n: sum(f["label"] == 0 for f in files if f["n_unseen"] == n) for n in N_UNSEEN}
+    assert per_exp == {n: n for n in N_UNSEEN}
+    html = (out / "report.html").read_text()
+    assert "Table II" in html and "Figure 1" in html and "<img" in html
+    assert len(report["finetune"]["records"]) == len(N_UNSEEN) * (2 + 3)
+
+
+def test_rerun_retrains_nothing_and_gives_identical_numbers(run, test_world, capfd):
+    out, report = run
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("train/*/*/done.json")}
+    assert len(stamps) == len(N_UNSEEN) * 5
+    assert main(_args(test_world, out)) == 0
+    assert "10 of 10 members already trained" in capfd.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    again = json.loads((out / "report.json").read_text())
+    assert _numbers(again) == _numbers(report)
+
+
+def _kill_one_sampler(done: threading.Event, killed: list):
+    import psutil
+
+    while not done.is_set() and not killed:
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if "MapBatches(Sampler)" in " ".join(proc.info["cmdline"] or []):
+                time.sleep(1.0)  # let it load its model and take a batch
+                os.kill(proc.info["pid"], signal.SIGKILL)
+                killed.append(proc.info["pid"])
+                return
+        time.sleep(0.2)
+
+
+def test_a_killed_sampler_actor_is_replaced_and_the_numbers_do_not_change(run, test_world):
+    import shutil
+
+    out, report = run
+    shutil.rmtree(out / "samples")
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_one_sampler, args=(done, killed), daemon=True)
+    killer.start()
+    try:
+        assert main(_args(test_world, out)) == 0
+    finally:
+        done.set()
+        killer.join(10)
+    assert killed, "no sampler actor was seen to kill"
+    again = json.loads((out / "report.json").read_text())
+    assert _numbers(again) == _numbers(report)
