@@ -156,11 +156,11 @@ def _members(cfg: CopyCheckJobConfig) -> list[str]:
     return out
 
 
-def _finetune(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFrame, out: Path):
+def finetune_jobs(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFrame, out: Path):
+    """Write each experiment's training snippets; return one job per (experiment, member)."""
     from dataclasses import asdict
 
     from mia_ray.reports.io import write_parquet
-    from mia_ray.train.launch import train_members
 
     jobs = []
     for e in exps:
@@ -188,6 +188,13 @@ def _finetune(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFrame,
                     "fingerprint": fingerprint(data_fp, member, spec, cfg.model.name_or_path),
                 }
             )
+    return jobs
+
+
+def _finetune(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFrame, out: Path):
+    from mia_ray.train.launch import train_members
+
+    jobs = finetune_jobs(cfg, exps, snippets, out)
     uc = cfg.uncertainty
     records = train_members(
         jobs,
