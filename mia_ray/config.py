@@ -180,7 +180,8 @@ class FinetuneConfig:
     template: str = DEFAULT_TEMPLATE
     blob_prior_std: float = 0.2
     blob_init_std: float = 0.0025  # BLoB: G ~ U[eps/sqrt2, eps], eps 0.05; sigma = G^2
-    blob_kl_weight: float = 1.0  # KL / n_train is added to the CE (the per-example ELBO)
+    blob_kl_weight: float = 1.0  # multiplies pi = 1 / batches per epoch (BLoB's KL reweighting)
+    blob_kl_lr: float = 0.01  # BLoB steps pi * KL with its own SGD after each CE step
     deepspeed: str = ""  # a DeepSpeed JSON config, passed to the HF Trainer (GPU only)
     seed: int = 0
 

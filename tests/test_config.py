@@ -69,3 +69,40 @@ def test_shipped_job_configs_are_valid():
 
     for path in sorted(Path(__file__).resolve().parents[1].glob("jobs/attack_*.yaml")):
         load_config(AttackJobConfig, str(path))
+
+
+COPYCHECK_ERRORS = [
+    (
+        ["uncertainty.samplers=[mcd,gauss]"],
+        "non-empty subset of mcd, blob, ensemble; got \\['gauss'\\]",
+    ),
+    (["uncertainty.placement=nodes"], "placement must be adapters or members, not 'nodes'"),
+    (["uncertainty.placement_strategy=RANDOM"], "placement_strategy must be PACK, SPREAD"),
+    (["uncertainty.n_samples=1"], "n_samples and uncertainty.ensemble_size must be at least 2"),
+    (["experiment.mode=audit"], "audit needs experiment.suspected and experiment.unseen"),
+    (["experiment.mode=random"], "experiment.mode must be sweep or audit, not 'random'"),
+    (["finetune.lora_dropout=1.5"], "lora_dropout must lie in \\[0, 1\\), not 1.5"),
+    (["finetune.template=no placeholder"], "must contain \\{text\\} exactly once"),
+    (["finetune.deepspeed=missing.json"], "no such DeepSpeed config file: missing.json"),
+    (["detect.baselines=[prob_tool,lira]"], "unknown 'lira'"),
+    (["detect.min_k_ratios=[0.2]"], "at least two ratios"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", COPYCHECK_ERRORS)
+def test_copycheck_config_errors_name_the_problem(overrides, message):
+    from mia_ray.config import CopyCheckJobConfig
+
+    with pytest.raises(MiaError, match=message):
+        load_config(CopyCheckJobConfig, "jobs/copycheck_demo.yaml", overrides)
+
+
+def test_copycheck_demo_and_cluster_configs_load():
+    from mia_ray.config import CopyCheckJobConfig
+
+    demo = load_config(CopyCheckJobConfig, "jobs/copycheck_demo.yaml")
+    assert demo.world.target == "tiny" and demo.experiment.n_unseen_in_suspected == [10, 20, 30, 40]
+    assert demo.uncertainty.ensemble_size == 10 and demo.uncertainty.n_samples == 10
+    cluster = load_config(CopyCheckJobConfig, "jobs/copycheck_cluster.yaml")
+    assert cluster.finetune.lr == 1e-4 and cluster.finetune.deepspeed == "jobs/deepspeed_zero2.json"
+    assert cluster.uncertainty.placement == "members" and cluster.uncertainty.train_gpus == 1

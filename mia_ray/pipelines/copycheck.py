@@ -161,6 +161,7 @@ def finetune_jobs(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFr
     from dataclasses import asdict
 
     from mia_ray.reports.io import write_parquet
+    from mia_ray.train.copycheck import member_seed
 
     jobs = []
     for e in exps:
@@ -185,7 +186,13 @@ def finetune_jobs(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFr
                     "spec": spec,
                     "device": cfg.model.device,
                     "dtype": cfg.model.dtype,
-                    "fingerprint": fingerprint(data_fp, member, spec, cfg.model.name_or_path),
+                    "fingerprint": fingerprint(
+                        data_fp,
+                        member,
+                        member_seed(member, cfg.finetune.seed),
+                        spec,
+                        cfg.model.name_or_path,
+                    ),
                 }
             )
     return jobs

@@ -2,9 +2,10 @@
 
 One function trains one uncertainty model ("member"): ``mcd`` (LoRA with dropout, kept on
 at sampling time), ``blob`` (Bayesian LoRA, :mod:`mia_ray.models.blob`) or ``ens-<i>`` (one
-of the deep ensemble's LoRA fine-tunes, seed ``seed + i``). The loss is the cross-entropy of
-the two answer logits; BLoB adds its KL term divided by the number of training snippets (the
-per-example ELBO). Training runs in the HF ``Trainer``, so a DeepSpeed config passes straight
+of the deep ensemble's LoRA fine-tunes, seed ``seed + 1 + i``). The loss is the cross-entropy of
+the two answer logits. BLoB trains as its reference code does: the optimizer steps the
+cross-entropy, and after each step a separate SGD step (lr ``blob_kl_lr``) descends
+``pi * KL``, pi = 1 / (batches per epoch) (Wang et al. 2024, Wang-ML-Lab/bayesian-peft). Training runs in the HF ``Trainer``, so a DeepSpeed config passes straight
 through and Ray Train's ``TorchTrainer`` can run a member on several GPUs.
 
 No Ray here: :func:`mia_ray.train.launch.train_members` runs members as Ray Tune trials.
@@ -16,6 +17,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,9 @@ DONE = "done.json"
 
 
 def member_seed(name: str, seed: int) -> int:
-    return seed + int(name.split("-")[1]) if name.startswith("ens-") else seed
+    """MC dropout and BLoB train with ``seed``; ensemble member i with ``seed + 1 + i``, so no
+    member repeats the MC-dropout fine-tune (same LoRA, same data order) under another name."""
+    return seed + 1 + int(name.split("-")[1]) if name.startswith("ens-") else seed
 
 
 def default_targets(model) -> list[str]:
@@ -58,22 +62,41 @@ def _make_trainer_cls():
     from transformers import Trainer
 
     class AnswerTrainer(Trainer):
-        """HF Trainer whose loss is CE over the answer logits (+ BLoB's KL / n_train)."""
+        """HF Trainer whose loss is the cross-entropy over the two answer logits."""
 
         answer_ids: list[int] = []
-        kl_scale: float = 0.0
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             labels = inputs.pop("labels")
             z = _answer_logits(model, inputs, self.answer_ids)
             loss = torch.nn.functional.cross_entropy(z, labels)
-            if self.kl_scale:
-                from mia_ray.models.blob import blob_kl
-
-                loss = loss + self.kl_scale * blob_kl(model)
             return (loss, z) if return_outputs else loss
 
     return AnswerTrainer
+
+
+def _blob_kl_callback(model, pi: float, lr: float):
+    """BLoB's KL step: after each optimizer step, SGD on ``pi * KL`` over A's means and stds."""
+    import torch
+    from transformers import TrainerCallback
+
+    from mia_ray.models.blob import blob_kl
+
+    kl_params = [p for n, p in model.named_parameters() if "lora_A_" in n and p.requires_grad]
+    sgd = torch.optim.SGD(kl_params, lr=lr)
+
+    class KLStep(TrainerCallback):
+        last_kl: float | None = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            sgd.zero_grad(set_to_none=True)
+            kl = blob_kl(model)
+            (pi * kl).backward()
+            sgd.step()
+            sgd.zero_grad(set_to_none=True)  # no KL gradient left for the next CE step
+            self.last_kl = float(kl.detach())
+
+    return KLStep()
 
 
 def _answer_logits(model, batch, answer_ids):
@@ -153,6 +176,8 @@ def train_member(
     if not texts or len(set(labels)) < 2:
         raise MiaError(f"member {name}: fine-tuning needs snippets with both pseudo-labels 0 and 1")
     set_torch_threads(threads)
+    # transformers' own deprecation notices, once per trial, say nothing to a user.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     seed = member_seed(name, spec.seed)
     kind = "blob" if name == "blob" else "lora"
     t0 = time.monotonic()
@@ -193,7 +218,11 @@ def train_member(
 
     trainer.remove_callback(PrinterCallback)  # one summary line per member instead (below)
     trainer.answer_ids = enc.answer_ids
-    trainer.kl_scale = spec.blob_kl_weight / len(data) if kind == "blob" else 0.0
+    kl_step = None
+    if kind == "blob":
+        batches_per_epoch = math.ceil(len(data) / spec.batch_size)
+        kl_step = _blob_kl_callback(model, spec.blob_kl_weight / batches_per_epoch, spec.blob_kl_lr)
+        trainer.add_callback(kl_step)
     if prepare is not None:
         trainer = prepare(trainer)
     result = trainer.train()
@@ -225,6 +254,7 @@ def train_member(
         "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else None,
         "train_loss": float(result.training_loss),
+        "final_kl": kl_step.last_kl if kl_step else None,
         "elapsed_s": round(time.monotonic() - t0, 2),
         "threads": torch.get_num_threads(),
         "device": dev,

@@ -116,7 +116,7 @@ def test_finished_member_is_skipped_and_a_changed_one_retrained(adapters, tmp_pa
     stamp = (tmp_path / "ens-2" / "adapter").stat().st_mtime_ns
     again = train_member("ens-2", *args, threads=1, fingerprint="a")
     assert again["skipped"] and (tmp_path / "ens-2" / "adapter").stat().st_mtime_ns == stamp
-    assert first["seed"] == spec.seed + 2  # ensemble member i trains with seed + i
+    assert first["seed"] == spec.seed + 3  # ensemble member i trains with seed + 1 + i
     changed = train_member("ens-2", *args, threads=1, fingerprint="b")
     assert "skipped" not in changed
     assert json.loads((tmp_path / "ens-2" / "done.json").read_text())["fingerprint"] == "b"
@@ -128,3 +128,24 @@ def test_snippet_seed_is_stable_and_distinct():
     assert (
         snippet_seed(0, "doc#0") == 7745207697048370300
     )  # pinned: reruns on any machine draw the same masks
+
+
+def test_blob_trains_with_a_separate_kl_step_that_pulls_towards_the_prior(adapters, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from mia_ray.models.blob import BlobConfig, add_blob_adapters, blob_kl
+
+    base, _, spec = adapters
+    fresh = AutoModelForCausalLM.from_pretrained(base)
+    add_blob_adapters(
+        fresh,
+        BlobConfig(r=spec.lora_r, alpha=spec.lora_alpha, target_modules=("c_attn",),
+                   prior_std=spec.blob_prior_std, init_std=spec.blob_init_std),
+    )  # fmt: skip
+    kl0 = float(blob_kl(fresh))
+    texts, labels = ["a b c d", "e f g h"] * 8, [0, 1] * 8
+    rec = train_member("blob", base, texts, labels, tmp_path / "b", spec, threads=1)
+    strong = FinetuneConfig(**{**spec.__dict__, "blob_kl_lr": 0.1})
+    rec_strong = train_member("blob", base, texts, labels, tmp_path / "s", strong, threads=1)
+    assert 0 < rec["final_kl"] < kl0  # the KL step moved the posterior towards the prior
+    assert rec_strong["final_kl"] < rec["final_kl"]  # and a larger KL step moves it further

@@ -131,3 +131,74 @@ def test_notebook_redraws_figure_1_and_table_2_from_the_run(run, monkeypatch):
     for method in ("gmm", "prob_tool", "meeus"):
         assert method in table_out
     assert len(table_out.strip().splitlines()) == 1 + len(report["results"])  # header + rows
+
+
+def test_audit_of_own_folders_gives_each_suspected_file_a_verdict(tmp_path, ray_local, test_world):
+    import shutil
+    from pathlib import Path
+
+    books = Path(test_world["root"])
+    manifest = json.loads((books / "manifests" / "tiny.json").read_text())
+    seen = sorted(d for d, y in manifest.items() if d.startswith("books/") and y == 1)[:4]
+    unseen = sorted(d for d, y in manifest.items() if d.startswith("books/") and y == 0)
+    labels = {}
+    for i, d in enumerate(seen + unseen[:2]):
+        dest = tmp_path / "suspected" / f"file{i}.txt"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(books / d, dest)
+        labels[dest.name] = manifest[d]
+    for i, d in enumerate(unseen[2:8]):
+        dest = tmp_path / "new" / f"new{i}.txt"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(books / d, dest)
+    (tmp_path / "labels.json").write_text(json.dumps(labels))
+    out = tmp_path / "audit"
+    args = _args(test_world, out) + [
+        "--set", "experiment.mode=audit",
+        "--set", f"experiment.suspected={tmp_path / 'suspected'}",
+        "--set", f"experiment.unseen={tmp_path / 'new'}",
+        "--set", f"data.labels={tmp_path / 'labels.json'}",
+        "--set", "uncertainty.ensemble_size=2", "--set", "uncertainty.samplers=[mcd,ensemble]",
+        "--set", "detect.baselines=[prob_tool]",
+    ]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert sorted(f["file_id"] for f in report["files"]) == [
+        f"suspected/file{i}.txt" for i in range(6)
+    ]
+    assert {f["label"] for f in report["files"]} == {0, 1}
+    rows = {r["method"]: r for r in report["results"]}
+    assert set(rows) == {*METHODS} - {"neighbor_loss", "neighbor_ppl", "meeus"}
+    assert all(r["n_unseen"] == 2 and r["tp"] + r["fn"] == 4 for r in rows.values())
+
+
+def test_one_actor_per_member_in_a_placement_group_gives_the_same_predictions(run, test_world):
+    import numpy as np
+    import pandas as pd
+
+    from mia_ray.config import CopyCheckJobConfig, load_config
+    from mia_ray.pipelines import copycheck as cc
+    from mia_ray.pipelines.common import resolve_world
+
+    out, _ = run
+    sets = [a for a in _args(test_world, out)[3:-2] if a != "--set"]
+    cfg = load_config(
+        CopyCheckJobConfig,
+        "jobs/copycheck_demo.yaml",
+        [*sets, "uncertainty.placement=members", "uncertainty.cpus_per_actor=0.3"],
+    )
+    resolve_world(cfg)
+    docs, exps = cc._experiments(cfg)
+    snippets = pd.read_parquet(out / "snippets.parquet")
+    jobs = cc.finetune_jobs(cfg, exps, snippets, out / "members-check")
+    for j in jobs:  # the members trained by the run
+        j["out_dir"] = str(out / "train" / j["experiment"] / j["member"])
+    cfg.uncertainty.samplers = ["ensemble"]
+    got = cc._sample(cfg, exps[0], snippets, jobs, out / "members-check")
+    ref = pd.read_parquet(out / "uncertainty.parquet")
+    ref = ref[ref["experiment"] == exps[0]["name"]].set_index("snippet_id")["p_ensemble"]
+    got = got.set_index("snippet_id")["p_ensemble"]
+    assert sorted(got.index) == sorted(ref.index)
+    np.testing.assert_allclose(
+        np.stack(got[ref.index].to_numpy()), np.stack(ref.to_numpy()), rtol=0, atol=1e-5
+    )
