@@ -680,6 +680,7 @@ def run(cfg: CopyCheckJobConfig, out: Path) -> dict:
             "detect_s": round(t_detect, 2),
         },
     }
+    report["diagnostics"] = _fit_diagnostic(records)
     report["notes"] = _notes(cfg, report)
     write_json(out / "report.json", report)
     render_copycheck_report(report, snip_all, out / "report.html")
@@ -692,6 +693,23 @@ def _blind_row(scores: np.ndarray, y: np.ndarray) -> dict:
 
     conf = confusion((scores >= 0.5).astype(int), y)
     return {"auc": roc_auc(scores, y), **{k: conf[k] for k in ("acc", "bacc")}}
+
+
+def _fit_diagnostic(records: list[dict]) -> dict:
+    """Did the fine-tunes learn more than the pseudo-labels' base rate? Label-free: compares
+    their final training loss with the entropy of the base rate (the loss of a model that
+    predicts the share of 1s for every snippet). Near 1, the uncertainty carries little signal."""
+    rows = [r for r in records if r.get("final_loss") is not None and r.get("n_train")]
+    if not rows:
+        return {}
+    share = np.mean([r["n_label1"] / r["n_train"] for r in rows])
+    entropy = float(-(share * np.log(share) + (1 - share) * np.log(1 - share)))
+    final = float(np.mean([r["final_loss"] for r in rows]))
+    return {
+        "base_rate_entropy": entropy,
+        "mean_final_loss": final,
+        "loss_over_entropy": final / entropy,
+    }
 
 
 def _summary(results: list[dict]) -> dict:
@@ -726,6 +744,15 @@ def _notes(cfg, report: dict) -> list[str]:
         "Accuracy and balanced accuracy are computed from the confusion counts: balanced accuracy is "
         "(TPR + TNR) / 2 with seen files as positives.",
     ]
+    diag = report.get("diagnostics") or {}
+    if diag and diag["loss_over_entropy"] > 0.9:
+        notes.append(
+            f"Warning: the fine-tuned models ended at a mean training loss of "
+            f"{diag['mean_final_loss']:.3f}, {diag['loss_over_entropy']:.0%} of the "
+            f"{diag['base_rate_entropy']:.3f} a model reaches by predicting the share of 1s for "
+            "every snippet: they learned little beyond the base rate, so their uncertainty carries "
+            "little about the files. This is measured without any true label."
+        )
     nb = report["baselines"]["neighbours"]
     if nb:
         notes.append(f"Neighbour baselines: {nb}.")
