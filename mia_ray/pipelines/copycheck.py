@@ -282,7 +282,10 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
 
 def _members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
     """Placement "members": one actor per ensemble member, each pinned to its own bundle of a
-    placement group (spread over GPUs and nodes); snippets stream through the 10 stages."""
+    placement group (spread over GPUs and nodes); snippets stream through the 10 stages.
+
+    The group reserves members x cpus_per_actor CPUs for the whole sampling; Ray Data's own
+    tasks need what is left, so leave at least one CPU outside it."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -291,6 +294,13 @@ def _members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
 
     uc = cfg.uncertainty
     bundle = {"CPU": uc.cpus_per_actor} | ({"GPU": uc.gpus_per_actor} if uc.gpus_per_actor else {})
+    total = ray.cluster_resources().get("CPU", 0)
+    if total - len(members) * uc.cpus_per_actor < 1:
+        raise MiaError(
+            f"placement=members would reserve {len(members)} x {uc.cpus_per_actor:g} of the "
+            f"cluster's {total:g} CPUs, leaving less than one for Ray Data's own tasks; lower "
+            "uncertainty.cpus_per_actor or use uncertainty.placement=adapters"
+        )
     pg = placement_group([bundle] * len(members), strategy=uc.placement_strategy)
     ready, _ = ray.wait([pg.ready()], timeout=120)
     if not ready:
@@ -329,7 +339,8 @@ def _members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
             out[col] = list(batch[cols].to_numpy(dtype=np.float64))
             return out
 
-        return ds.map_batches(gather, batch_format="pandas")
+        # A light task: the bundles above already hold most CPUs of a small machine.
+        return ds.map_batches(gather, batch_format="pandas", num_cpus=0.05)
 
     return mapper
 

@@ -152,6 +152,7 @@ def train_member(
     fingerprint: str = "",
     prepare=None,
     save: bool = True,
+    world_size: int = 1,
 ) -> dict[str, Any]:
     """Fine-tune one member on (snippet, pseudo-label) pairs; save its adapter to ``out_dir``.
 
@@ -190,7 +191,9 @@ def train_member(
         batch["labels"] = torch.tensor([r["label"] for r in rows], dtype=torch.long)
         return batch
 
-    steps = math.ceil(spec.epochs * len(data) / (spec.batch_size * spec.grad_accum))
+    # Data parallel (Ray Train): each step consumes a batch on every worker.
+    per_step = spec.batch_size * spec.grad_accum * max(1, world_size)
+    steps = math.ceil(spec.epochs * len(data) / per_step)
     args = TrainingArguments(
         output_dir=str(out / "checkpoints"),
         per_device_train_batch_size=spec.batch_size,

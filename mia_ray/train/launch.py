@@ -36,7 +36,9 @@ def _texts(job: dict[str, Any]) -> tuple[list[str], list[int]]:
     return df["text"].tolist(), df["label"].astype(int).tolist()
 
 
-def run_job(job: dict[str, Any], threads: int, prepare=None, save: bool = True) -> dict[str, Any]:
+def run_job(
+    job: dict[str, Any], threads: int, prepare=None, save: bool = True, world_size: int = 1
+) -> dict[str, Any]:
     texts, labels = _texts(job)
     return train_member(
         job["member"],
@@ -51,19 +53,25 @@ def run_job(job: dict[str, Any], threads: int, prepare=None, save: bool = True) 
         fingerprint=job["fingerprint"],
         prepare=prepare,
         save=save,
+        world_size=world_size,
     )
 
 
 def _worker_loop(config: dict[str, Any]) -> None:
     import ray.train
-    from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
+    from ray.train.huggingface.transformers import prepare_trainer
 
     def prepare(trainer):
-        trainer.add_callback(RayTrainReportCallback())
         return prepare_trainer(trainer)
 
-    rank = ray.train.get_context().get_world_rank()
-    run_job(config["job"], config["threads"], prepare=prepare, save=rank == 0)
+    ctx = ray.train.get_context()
+    run_job(
+        config["job"],
+        config["threads"],
+        prepare=prepare,
+        save=ctx.get_world_rank() == 0,
+        world_size=ctx.get_world_size(),
+    )
 
 
 def _trial(config: dict[str, Any]) -> None:
@@ -74,6 +82,7 @@ def _trial(config: dict[str, Any]) -> None:
         from ray.train import ScalingConfig
         from ray.train.torch import TorchTrainer
 
+        # Rank 0 saves the adapter into out_dir: on several nodes out_dir must be shared storage.
         TorchTrainer(
             _worker_loop,
             train_loop_config={"job": job, "threads": threads},

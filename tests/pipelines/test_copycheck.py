@@ -202,3 +202,18 @@ def test_one_actor_per_member_in_a_placement_group_gives_the_same_predictions(ru
     np.testing.assert_allclose(
         np.stack(got[ref.index].to_numpy()), np.stack(ref.to_numpy()), rtol=0, atol=1e-5
     )
+
+
+def test_members_placement_that_would_starve_ray_data_fails_clearly(ray_local):
+    from mia_ray.config import CopyCheckJobConfig, load_config
+    from mia_ray.errors import MiaError
+    from mia_ray.pipelines import copycheck as cc
+
+    cfg = load_config(
+        CopyCheckJobConfig,
+        "jobs/copycheck_demo.yaml",
+        ["uncertainty.placement=members", "uncertainty.cpus_per_actor=0.5"],
+    )
+    members = [f"ens-{i}" for i in range(4)]
+    with pytest.raises(MiaError, match=r"would reserve 4 x 0.5 of the cluster's 2 CPUs"):
+        cc._members_mapper(cfg, members, lambda m: m, {}, "p_ensemble")

@@ -1,0 +1,77 @@
+"""Fine-tunes as Ray Tune trials: concurrent, resumable, and data-parallel with Ray Train."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from mia_ray.config import FinetuneConfig
+from mia_ray.train.launch import finished, train_members
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def _jobs(tmp_path, test_world, members):
+    from dataclasses import asdict
+
+    texts = [f"snippet {i} " + "to be or not to be " * (1 + i % 3) for i in range(16)]
+    train = tmp_path / "train.parquet"
+    pd.DataFrame(
+        {
+            "snippet_id": [f"s{i:02d}" for i in range(16)],
+            "text": texts,
+            "label": [i % 2 for i in range(16)],
+        }
+    ).to_parquet(train)
+    spec = asdict(FinetuneConfig(lr=5e-3, batch_size=4, max_length=96))
+    return [
+        {
+            "member": m,
+            "base": test_world["model"],
+            "train_file": str(train),
+            "out_dir": str(tmp_path / m),
+            "spec": spec,
+            "device": "cpu",
+            "dtype": "float32",
+            "fingerprint": f"fp-{m}",
+        }  # fmt: skip
+        for m in members
+    ]
+
+
+def test_members_train_as_trials_and_a_rerun_trains_nothing(tmp_path, ray_local, test_world):
+    jobs = _jobs(tmp_path, test_world, ["mcd", "ens-0", "ens-1"])
+    logs = []
+    records = train_members(jobs, tmp_path / "tune", cpus=1, log=logs.append)
+    assert [r["member"] for r in records] == ["mcd", "ens-0", "ens-1"]
+    assert all(finished(j) for j in jobs)
+    assert [r["seed"] for r in records] == [0, 1, 2]
+    assert all(r["steps"] == 4 for r in records)  # 16 snippets, batch 4, one epoch
+    stamps = [(tmp_path / m / "done.json").stat().st_mtime_ns for m in ("mcd", "ens-0", "ens-1")]
+    again = train_members(jobs, tmp_path / "tune", cpus=1, log=logs.append)
+    assert again == records and logs[-1] == "fine-tuning: 3 of 3 members already trained"
+    assert [
+        (tmp_path / m / "done.json").stat().st_mtime_ns for m in ("mcd", "ens-0", "ens-1")
+    ] == stamps
+
+
+def test_a_member_on_two_workers_trains_data_parallel_with_ray_train(
+    tmp_path, ray_local, test_world
+):
+    (job,) = _jobs(tmp_path, test_world, ["ens-3"])
+    (record,) = train_members([job], tmp_path / "tune", cpus=0.5, workers=2)
+    # Each step consumes a batch of 4 on both workers: 16 snippets take 2 steps, not 4.
+    assert record["steps"] == 2 and record["n_train"] == 16
+    saved = json.loads((tmp_path / "ens-3" / "adapter" / "adapter_config.json").read_text())
+    assert saved["r"] == 8 and saved["target_modules"] == ["c_attn"]
+
+
+def test_a_failing_member_fails_the_run_with_its_message(tmp_path, ray_local, test_world):
+    from mia_ray.errors import MiaError
+
+    (job,) = _jobs(tmp_path, test_world, ["mcd"])
+    pd.DataFrame({"snippet_id": ["a", "b"], "text": ["x", "y"], "label": [1, 1]}).to_parquet(
+        job["train_file"]
+    )
+    with pytest.raises(MiaError, match="needs snippets with both pseudo-labels 0 and 1"):
+        train_members([job], tmp_path / "tune", cpus=1)
