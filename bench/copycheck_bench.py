@@ -28,6 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _markdown import update_section  # noqa: E402
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -167,14 +170,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.out:
-        path = Path(args.out)
-        old = path.read_text() if path.exists() else "# Benchmarks\n"
-        marker = lines[0]
-        if marker in old:
-            start = old.index(marker)
-            end = old.find("\n## ", start + 1)
-            old = old[:start] + (old[end + 1 :] if end != -1 else "")
-        path.write_text(old.rstrip("\n") + "\n\n" + text)
+        update_section(args.out, text)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ import numpy as np
 
 from mia_ray.features.attacks import score_table, stats_from_columns
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _markdown import update_section  # noqa: E402
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -275,15 +278,7 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     if args.out:
-        path = Path(args.out)
-        head = "# Benchmarks\n\nEach section is measured side by side in one run; rerun its command to refresh it.\n\n"
-        old = path.read_text() if path.exists() else head
-        marker = f"## Scorer on `{args.target}`"
-        if marker in old:  # replace this target's section, keep the others
-            start = old.index(marker)
-            end = old.find("\n## ", start + 1)
-            old = old[:start] + (old[end + 1 :] if end != -1 else "")
-        path.write_text(old.rstrip("\n") + "\n\n" + text)
+        update_section(args.out, text)
     return 0
 
 

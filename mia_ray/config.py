@@ -268,20 +268,15 @@ class ExperimentConfig:
             raise MiaError("experiment.n_unseen_in_suspected is empty")
 
 
+# CopyCheck's clustering (§IV-C2) and anomaly-detection ablations (§V-B3), in table order.
+CLUSTER_METHODS = ("gmm", "hierarchical", "kmeans", "isolation_forest", "one_class_svm", "dbscan")
+
+
 @dataclass
 class DetectConfig:
     """File-level detection (§IV-C) and the baselines that go through the same pipeline."""
 
-    methods: list[str] = field(
-        default_factory=lambda: [
-            "gmm",
-            "hierarchical",
-            "kmeans",
-            "isolation_forest",
-            "one_class_svm",
-            "dbscan",
-        ]
-    )
+    methods: list[str] = field(default_factory=lambda: list(CLUSTER_METHODS))
     pca_components: int = 10
     baselines: list[str] = field(
         default_factory=lambda: ["prob_tool", "neighbor_loss", "neighbor_ppl", "meeus"]

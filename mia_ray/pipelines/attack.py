@@ -16,11 +16,13 @@ from mia_ray.config import AttackJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     check_model_early,
+    check_target_early,
     fingerprint,
     labelled_documents,
     log,
     resolve_world,
     resumable_map,
+    snippets_of,
 )
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
@@ -76,21 +78,13 @@ def _aggregate(snip: pd.DataFrame, cols: list[str], how: str) -> pd.DataFrame:
 
 def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Snippet-level and document-level attack scores; also returns the labels and timings."""
-    from mia_ray.data.snippets import make_snippets
     from mia_ray.features.attacks import score_table, stats_from_columns
 
     t0 = time.time()
     docs, labels = labelled_documents(cfg.data)
     n_mem = sum(labels.values())
     log(f"{len(labels)} documents: {n_mem} members, {len(labels) - n_mem} non-members")
-    snippets = make_snippets(
-        docs,
-        unit=cfg.data.snippet_unit,
-        size=cfg.data.snippet_size,
-        min_size=cfg.data.min_snippet_size,
-        max_per_doc=cfg.data.max_snippets_per_doc,
-        tokenizer_path=cfg.model.name_or_path if cfg.data.snippet_unit == "tokens" else None,
-    ).materialize()
+    snippets = snippets_of(docs, cfg.data, cfg.model.name_or_path).materialize()
     snip_meta = snippets.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
     if snip_meta["snippet_id"].duplicated().any():
         raise MiaError("snippet ids are not unique: are doc ids unique?")
@@ -194,13 +188,7 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
     from mia_ray.stats.metrics import evaluate_scores
 
     resolve_world(cfg)
-    check_model_early(
-        cfg.model.name_or_path,
-        "model.name_or_path",
-        cfg.model.revision,
-        cfg.model.trust_remote_code,
-        cfg.model.gguf_file,
-    )
+    check_target_early(cfg.model)
     if "ref" in cfg.attack.attacks:
         check_model_early(cfg.model.reference, "model.reference")
 

@@ -65,6 +65,17 @@ def check_model_early(
         raise MiaError(f"{what}: {e}") from None
 
 
+def check_target_early(model_cfg) -> None:
+    """:func:`check_model_early` for the target model of a job's ``model`` section."""
+    check_model_early(
+        model_cfg.name_or_path,
+        "model.name_or_path",
+        model_cfg.revision,
+        model_cfg.trust_remote_code,
+        model_cfg.gguf_file,
+    )
+
+
 def labelled_documents(data_cfg):
     """Read documents, attach labels, sample per class, check classes. Returns (ds, labels)."""
     from mia_ray.data.readers import attach_labels, load_manifest, read_documents
@@ -149,3 +160,18 @@ def resumable_map(rows, out_dir: Path, fp: str, mapper: Callable[[Any], Any], wh
                 log(f"{what}: {len(done) + n_new}/{total} rows ({rate:.1f}/s)")
         flush()
     return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+
+
+def snippets_of(docs, data_cfg, model_path: str):
+    """Documents (a Ray Dataset with doc_id, text) -> snippets as configured in ``data_cfg``
+    (lazy); token snippets use ``model_path``'s tokenizer."""
+    from mia_ray.data.snippets import make_snippets
+
+    return make_snippets(
+        docs,
+        unit=data_cfg.snippet_unit,
+        size=data_cfg.snippet_size,
+        min_size=data_cfg.min_snippet_size,
+        max_per_doc=data_cfg.max_snippets_per_doc,
+        tokenizer_path=model_path if data_cfg.snippet_unit == "tokens" else None,
+    )

@@ -17,27 +17,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import CopyCheckJobConfig
+from mia_ray.config import CLUSTER_METHODS, CopyCheckJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
-    check_model_early,
+    check_target_early,
     fingerprint,
     log,
     resolve_world,
     resumable_map,
+    snippets_of,
 )
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
-
-UNCERTAINTY_METHODS = (
-    "gmm",
-    "hierarchical",
-    "kmeans",
-    "isolation_forest",
-    "one_class_svm",
-    "dbscan",
-)
-
 
 # ---------------------------------------------------------------------------- experiments
 
@@ -119,18 +110,11 @@ def _experiments(cfg: CopyCheckJobConfig) -> tuple[pd.DataFrame, list[dict[str, 
 
 
 def _snippets(cfg: CopyCheckJobConfig, docs: pd.DataFrame) -> pd.DataFrame:
+    """Snippets (snippet_id, doc_id, text) of the documents, sorted by snippet id."""
     import ray
 
-    from mia_ray.data.snippets import make_snippets
-
-    ds = ray.data.from_pandas(docs[["doc_id", "text"]])
-    snip = make_snippets(
-        ds,
-        unit=cfg.data.snippet_unit,
-        size=cfg.data.snippet_size,
-        min_size=cfg.data.min_snippet_size,
-        max_per_doc=cfg.data.max_snippets_per_doc,
-        tokenizer_path=cfg.model.name_or_path if cfg.data.snippet_unit == "tokens" else None,
+    snip = snippets_of(
+        ray.data.from_pandas(docs[["doc_id", "text"]]), cfg.data, cfg.model.name_or_path
     )
     df = snip.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
     if df["snippet_id"].duplicated().any():
@@ -250,8 +234,9 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
             _text_fp(sus), [ex_jobs[m]["fingerprint"] for m in members], common, uc.placement
         )
 
+        pg = None
         if sampler == "ensemble" and uc.placement == "members":
-            mapper = _members_mapper(cfg, members, adapter, common, col)
+            mapper, pg = _members_mapper(cfg, members, adapter, common, col)
         else:
 
             def mapper(todo, sampler=sampler, members=members, col=col):
@@ -271,9 +256,13 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
                 ).select_columns(["snippet_id", col])
 
         log(f"{e['name']}: sampling {sampler} on {len(sus)} suspected snippets")
-        got = resumable_map(
-            ds, out / "samples" / e["name"] / sampler, fp, mapper, f"{e['name']}/{sampler}"
-        )
+        try:
+            got = resumable_map(
+                ds, out / "samples" / e["name"] / sampler, fp, mapper, f"{e['name']}/{sampler}"
+            )
+        finally:
+            if pg is not None:  # the reserved bundles go back to the cluster
+                ray.util.remove_placement_group(pg)
         result = result.merge(got, on="snippet_id", how="inner", validate="one_to_one")
     if len(result) != len(sus):
         raise MiaError(f"{e['name']}: sampled {len(result)} of {len(sus)} snippets")
@@ -283,6 +272,7 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
 def _members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
     """Placement "members": one actor per ensemble member, each pinned to its own bundle of a
     placement group (spread over GPUs and nodes); snippets stream through the 10 stages.
+    Returns the mapper and the group, which the caller removes when the sampling is done.
 
     The group reserves members x cpus_per_actor CPUs for the whole sampling; Ray Data's own
     tasks need what is left, so leave at least one CPU outside it."""
@@ -342,7 +332,7 @@ def _members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
         # A light task: the bundles above already hold most CPUs of a small machine.
         return ds.map_batches(gather, batch_format="pandas", num_cpus=0.05)
 
-    return mapper
+    return mapper, pg
 
 
 # ---------------------------------------------------------------------------- features
@@ -427,10 +417,8 @@ def _baseline_features(cfg, snippets: pd.DataFrame, union_ids: set[str], out: Pa
 def _meeus(cfg, suspected_rows: pd.DataFrame, out: Path) -> dict | None:
     """Train the Meeus et al. meta-classifier on labelled files disjoint from the audited ones;
     return its per-file seen-probabilities for the suspected files (or None, with why)."""
-    import ray
 
     from mia_ray.data.readers import load_manifest
-    from mia_ray.data.snippets import make_snippets
     from mia_ray.data.splits import sample_per_class
     from mia_ray.detectors.meeus import MeeusClassifier, meeus_features
 
@@ -454,15 +442,7 @@ def _meeus(cfg, suspected_rows: pd.DataFrame, out: Path) -> dict | None:
         {d: labels[d] for d in docs["doc_id"]}, dc.meeus_max_docs_per_class, dc.seed
     )
     docs = docs[docs["doc_id"].isin(lab.keys())].reset_index(drop=True)
-    snip = make_snippets(
-        ray.data.from_pandas(docs[["doc_id", "text"]]),
-        unit=cfg.data.snippet_unit,
-        size=cfg.data.snippet_size,
-        min_size=cfg.data.min_snippet_size,
-        max_per_doc=cfg.data.max_snippets_per_doc,
-        tokenizer_path=cfg.model.name_or_path if cfg.data.snippet_unit == "tokens" else None,
-    )
-    train_rows = snip.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
+    train_rows = _snippets(cfg, docs)
     log(f"Meeus et al.: scoring {len(train_rows)} snippets of {len(docs)} labelled training files")
     scored = _score_target(cfg, train_rows, out / "rows" / "meeus_train", True)
     scored = train_rows.merge(scored, on="snippet_id", validate="one_to_one")
@@ -517,18 +497,12 @@ def _detect(cfg, e, X, snip_doc, unseen_score, method) -> dict:
 def run(cfg: CopyCheckJobConfig, out: Path) -> dict:
     from mia_ray.detectors.blind import BlindBagOfWords
     from mia_ray.detectors.filelevel import confusion
-    from mia_ray.reports.copycheck import render_copycheck_report
+    from mia_ray.reports.copycheck import FINETUNE_COLUMNS, render_copycheck_report
     from mia_ray.reports.io import write_json, write_parquet
 
     t0 = time.time()
     resolve_world(cfg)
-    check_model_early(
-        cfg.model.name_or_path,
-        "model.name_or_path",
-        cfg.model.revision,
-        cfg.model.trust_remote_code,
-        cfg.model.gguf_file,
-    )
+    check_target_early(cfg.model)
     docs, exps = _experiments(cfg)
     used = sorted(set().union(*(e["pseudo_label"].keys() for e in exps)))
     docs = docs[docs["doc_id"].isin(used)].reset_index(drop=True)
@@ -661,19 +635,7 @@ def run(cfg: CopyCheckJobConfig, out: Path) -> dict:
         "blind_baseline": blind,
         "finetune": {
             "records": [
-                {
-                    k: r.get(k)
-                    for k in (
-                        "member",
-                        "seed",
-                        "n_train",
-                        "steps",
-                        "first_loss",
-                        "final_loss",
-                        "elapsed_s",
-                    )
-                }
-                | {"experiment": j["experiment"]}
+                {k: r.get(k) for k in FINETUNE_COLUMNS} | {"experiment": j["experiment"]}
                 for j, r in zip(jobs, records, strict=True)
             ],
             "spec": records[0]["spec"] if records else None,
@@ -780,7 +742,7 @@ def _notes(cfg, report: dict) -> list[str]:
     s = report["summary"]
     if "gmm" in s:
         best_base = max(
-            ((m, v["mean_bacc"]) for m, v in s.items() if m not in UNCERTAINTY_METHODS),
+            ((m, v["mean_bacc"]) for m, v in s.items() if m not in CLUSTER_METHODS),
             key=lambda kv: kv[1],
             default=None,
         )

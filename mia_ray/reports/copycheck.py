@@ -32,6 +32,7 @@ HOW_TO_READ = (
     "called seen and unseen files: 0.5 is chance, whatever the mix."
 )
 RESULT_COLUMNS = ["method", "n_unseen", "acc", "bacc", "tp", "fp", "fn", "tn"]
+FINETUNE_COLUMNS = ("member", "seed", "n_train", "steps", "first_loss", "final_loss", "elapsed_s")
 SAMPLER_NAMES = {"mcd": "MC dropout", "blob": "BLoB", "ensemble": "Ensemble"}
 
 
@@ -157,17 +158,7 @@ def render_copycheck_report(
         sections.append(("Notes", list_html(notes)))
     ft = (report.get("finetune") or {}).get("records") or []
     if ft:
-        cols = [
-            "experiment",
-            "member",
-            "seed",
-            "n_train",
-            "steps",
-            "first_loss",
-            "final_loss",
-            "elapsed_s",
-        ]
-        sections.append(("Fine-tuning", table_html(ft, cols)))
+        sections.append(("Fine-tuning", table_html(ft, ["experiment", *FINETUNE_COLUMNS])))
     sections.append(
         (
             "Data",

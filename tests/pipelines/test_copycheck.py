@@ -1,7 +1,6 @@
 """CopyCheck end to end on the test world: the report's contract, resuming, a killed sampler."""
 
 import json
-import os
 import signal
 import threading
 import time
@@ -84,16 +83,23 @@ def test_rerun_retrains_nothing_and_gives_identical_numbers(run, test_world, cap
     assert _numbers(again) == _numbers(report)
 
 
-def _kill_one_sampler(done: threading.Event, killed: list):
+def _kill_one_sampler(done: threading.Event, killed: list, since: float):
+    """SIGKILL the first sampler actor process started after ``since`` (not a leftover one)."""
     import psutil
 
     while not done.is_set() and not killed:
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            if "MapBatches(Sampler)" in " ".join(proc.info["cmdline"] or []):
-                time.sleep(1.0)  # let it load its model and take a batch
-                os.kill(proc.info["pid"], signal.SIGKILL)
-                killed.append(proc.info["pid"])
-                return
+        for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
+            if proc.info["create_time"] < since:
+                continue
+            if "MapBatches(Sampler)" not in " ".join(proc.info["cmdline"] or []):
+                continue
+            time.sleep(1.0)  # let it load its model and take a batch
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                continue
+            killed.append(proc.info["pid"])
+            return
         time.sleep(0.2)
 
 
@@ -103,7 +109,9 @@ def test_a_killed_sampler_actor_is_replaced_and_the_numbers_do_not_change(run, t
     out, report = run
     shutil.rmtree(out / "samples")
     done, killed = threading.Event(), []
-    killer = threading.Thread(target=_kill_one_sampler, args=(done, killed), daemon=True)
+    killer = threading.Thread(
+        target=_kill_one_sampler, args=(done, killed, time.time()), daemon=True
+    )
     killer.start()
     try:
         assert main(_args(test_world, out)) == 0
@@ -175,6 +183,7 @@ def test_audit_of_own_folders_gives_each_suspected_file_a_verdict(tmp_path, ray_
 def test_one_actor_per_member_in_a_placement_group_gives_the_same_predictions(run, test_world):
     import numpy as np
     import pandas as pd
+    import ray
 
     from mia_ray.config import CopyCheckJobConfig, load_config
     from mia_ray.pipelines import copycheck as cc
@@ -195,6 +204,8 @@ def test_one_actor_per_member_in_a_placement_group_gives_the_same_predictions(ru
         j["out_dir"] = str(out / "train" / j["experiment"] / j["member"])
     cfg.uncertainty.samplers = ["ensemble"]
     got = cc._sample(cfg, exps[0], snippets, jobs, out / "members-check")
+    # The group's bundles are handed back once the sampling is done.
+    assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
     ref = pd.read_parquet(out / "uncertainty.parquet")
     ref = ref[ref["experiment"] == exps[0]["name"]].set_index("snippet_id")["p_ensemble"]
     got = got.set_index("snippet_id")["p_ensemble"]
