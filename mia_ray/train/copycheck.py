@@ -61,6 +61,8 @@ def _make_trainer_cls():
     import torch
     from transformers import Trainer
 
+    from mia_ray.models.prompt import answer_logits
+
     class AnswerTrainer(Trainer):
         """HF Trainer whose loss is the cross-entropy over the two answer logits."""
 
@@ -68,7 +70,7 @@ def _make_trainer_cls():
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             labels = inputs.pop("labels")
-            z = _answer_logits(model, inputs, self.answer_ids)
+            z = answer_logits(model, inputs, self.answer_ids)
             loss = torch.nn.functional.cross_entropy(z, labels)
             return (loss, z) if return_outputs else loss
 
@@ -99,12 +101,6 @@ def _blob_kl_callback(model, pi: float, lr: float):
     return KLStep()
 
 
-def _answer_logits(model, batch, answer_ids):
-    from mia_ray.models.prompt import answer_logits
-
-    return answer_logits(model, batch, answer_ids)
-
-
 def build_model(base: str, kind: str, spec, device: str, dtype: str, seed: int):
     """The base model with fresh adapters of ``kind`` ("mcd"/"ens-*": LoRA; "blob": BLoB)."""
     import torch
@@ -127,14 +123,19 @@ def build_model(base: str, kind: str, spec, device: str, dtype: str, seed: int):
         add_blob_adapters(model, cfg)
         return model, tok, dev, cfg
     from peft import LoraConfig, get_peft_model
+    from transformers.pytorch_utils import Conv1D
 
+    # GPT-2-style Conv1D layers store their weights transposed (in, out).
+    conv1d = any(
+        isinstance(m, Conv1D) for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in targets
+    )
     cfg = LoraConfig(
         r=spec.lora_r,
         lora_alpha=spec.lora_alpha,
         lora_dropout=spec.lora_dropout,
         target_modules=targets,
         task_type="CAUSAL_LM",
-        fan_in_fan_out=targets == ["c_attn"],  # GPT-2's Conv1D stores weights transposed
+        fan_in_fan_out=conv1d,
     )
     return get_peft_model(model, cfg), tok, dev, cfg
 
