@@ -97,3 +97,56 @@ def set_torch_threads(n: int) -> None:
     if n > 0:
         torch.set_num_threads(n)
         os.environ.setdefault("OMP_NUM_THREADS", str(n))
+
+
+def is_vision_language(
+    name_or_path: str, revision: str = "", trust_remote_code: bool = False
+) -> bool:
+    """True for a model whose config pairs a vision encoder with a language model (LLaVA)."""
+    from transformers import AutoConfig
+
+    kwargs = {"trust_remote_code": trust_remote_code}
+    if revision:
+        kwargs["revision"] = revision
+    try:
+        cfg = AutoConfig.from_pretrained(name_or_path, **kwargs)
+    except Exception as e:
+        raise MiaError(_describe_load_failure(name_or_path, e)) from None
+    return getattr(cfg, "vision_config", None) is not None
+
+
+def load_activation_model(
+    name_or_path: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    revision: str = "",
+    trust_remote_code: bool = False,
+):
+    """``(model, processor or None, tokenizer, device)`` for reading hidden states.
+
+    A vision-language model loads with ``AutoModelForImageTextToText`` and its
+    ``AutoProcessor``; any other model as a causal LM (:func:`load_causal_lm`).
+    """
+    if not is_vision_language(name_or_path, revision, trust_remote_code):
+        model, tok, dev = load_causal_lm(name_or_path, device, dtype, revision, trust_remote_code)
+        return model, None, tok, dev
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    dev = pick_device(device)
+    kwargs = {"trust_remote_code": trust_remote_code}
+    if revision:
+        kwargs["revision"] = revision
+    try:
+        processor = AutoProcessor.from_pretrained(name_or_path, **kwargs)
+        model = AutoModelForImageTextToText.from_pretrained(
+            name_or_path, dtype=pick_dtype(dtype, dev), **kwargs
+        )
+    except Exception as e:
+        raise MiaError(_describe_load_failure(name_or_path, e)) from None
+    tok = processor.tokenizer
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    model.to(dev).eval()
+    return model, processor, tok, dev

@@ -107,9 +107,12 @@ def labelled_documents(data_cfg):
     return ds, labels
 
 
-def resumable_map(rows, out_dir: Path, fp: str, mapper: Callable[[Any], Any], what: str):
+def resumable_map(
+    rows, out_dir: Path, fp: str, mapper: Callable[[Any], Any], what: str, load: bool = True
+):
     """Stream ``rows`` (a Ray Dataset with a unique ``snippet_id``) through ``mapper(ds) -> ds``
-    and write the results in parts to ``out_dir`` as they arrive; return all rows (pandas).
+    and write the results in parts to ``out_dir`` as they arrive; return all rows (pandas),
+    or with ``load=False`` the part files (for results larger than memory).
 
     A rerun with the same fingerprint ``fp`` skips every row already in a part, so an
     interrupted run resumes where it stopped; a different fingerprint starts afresh.
@@ -159,6 +162,8 @@ def resumable_map(rows, out_dir: Path, fp: str, mapper: Callable[[Any], Any], wh
                 rate = n_new / max(last - t0, 1e-9)
                 log(f"{what}: {len(done) + n_new}/{total} rows ({rate:.1f}/s)")
         flush()
+    if not load:
+        return parts
     return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
 
 

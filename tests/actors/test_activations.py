@@ -1,0 +1,76 @@
+"""ActivationReader: LUMIA eq. 1 (the mean of each block's output over the real tokens)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mia_ray.actors.activations import ActivationReader, _block_lists, column, parse_column
+from mia_ray.errors import MiaError
+
+pytestmark = pytest.mark.slow
+
+TEXTS = [
+    "Friends, Romans, countrymen, lend me your ears.",
+    "The quality of mercy is not strained; it droppeth as the gentle rain from heaven upon the place beneath.",
+    "To be",
+]
+
+
+@pytest.fixture(scope="module")
+def reader(test_world):
+    return ActivationReader(test_world["targets"]["tiny"]["model"], max_length=128, torch_threads=1)
+
+
+def _batch(texts):
+    return pd.DataFrame({"snippet_id": [f"s{i}" for i in range(len(texts))], "text": texts})
+
+
+def test_columns_name_part_and_one_based_layer():
+    assert column("vision", 3) == "vision.3"
+    assert parse_column("language.12") == ("language", 12)
+    assert parse_column("snippet_id") is None and parse_column("n_tokens") is None
+
+
+def test_mean_over_real_tokens_matches_the_hidden_states(reader):
+    """Blocks 1..L-1 of GPT-2 are HF's hidden_states[1..L-1] (the last one has ln_f applied)."""
+    import torch
+
+    out = reader(_batch(TEXTS))
+    assert reader.layers == {"text": 2}
+    for i, text in enumerate(TEXTS):
+        enc = reader.tok(text, return_tensors="pt")
+        with torch.inference_mode():
+            hs = reader.model(**enc, output_hidden_states=True).hidden_states
+        want = hs[1][0].mean(0).numpy()
+        np.testing.assert_allclose(out.iloc[i]["text.1"], want, rtol=1e-4, atol=1e-5)
+        assert out.iloc[i]["n_tokens"] == enc["input_ids"].shape[1]
+    assert out["text.2"].iloc[0].dtype == np.float32 and out["text.2"].iloc[0].shape == (64,)
+
+
+def test_padding_in_a_batch_changes_nothing(reader):
+    together = reader(_batch(TEXTS))
+    for i, text in enumerate(TEXTS):
+        alone = reader(_batch([text]))
+        for col in ("text.1", "text.2"):
+            np.testing.assert_allclose(together.iloc[i][col], alone.iloc[0][col], atol=1e-5)
+
+
+def test_long_samples_are_cropped_to_the_context(test_world):
+    short = ActivationReader(test_world["targets"]["tiny"]["model"], max_length=16)
+    out = short(_batch([" ".join(["word"] * 200), "a b c"]))
+    assert out["n_tokens"].tolist()[0] == 16 and out["n_tokens"].tolist()[1] < 16
+
+
+def test_a_model_without_blocks_is_a_clear_error():
+    import torch
+
+    class NoBlocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = type("C", (), {"num_hidden_layers": 4})()
+            self.proj = torch.nn.ModuleList([torch.nn.Linear(2, 2)] * 2)
+
+    with pytest.raises(
+        MiaError, match=r"cannot find the transformer blocks \(text\) of a NoBlocks"
+    ):
+        _block_lists(NoBlocks())
