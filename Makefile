@@ -12,7 +12,7 @@ OUT ?= runs/copycheck-demo
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup demo attack-demo test lint bench clean-world
+.PHONY: setup demo attack-demo lumia-demo test lint bench clean-world
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,9 @@ demo: setup
 attack-demo: setup
 	$(VENV)/bin/mia-ray attack --config jobs/attack_demo.yaml --out runs/attack-demo
 
+lumia-demo: setup
+	$(VENV)/bin/mia-ray lumia --config jobs/lumia_demo.yaml --out runs/lumia-demo
+
 test: setup
 	$(VENV)/bin/python -m pytest -q
 
@@ -41,3 +44,4 @@ bench: setup
 	$(VENV)/bin/python bench/scorer_bench.py --target tiny --n-snippets 192 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/scorer_bench.py --target smollm2 --n-snippets 32 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/copycheck_bench.py --scale demo --n-unseen 10 --out BENCHMARKS.md
+	$(VENV)/bin/python bench/lumia_bench.py --target smollm2 --n-samples 96 --out BENCHMARKS.md

@@ -69,3 +69,16 @@ def test_cluster_yaml_passes_rays_own_launcher_checks(cluster):
     # (private API, but ray is pinned to 2.60.x in pyproject.toml).
     util = pytest.importorskip("ray.autoscaler._private.util")
     util.validate_config(util.prepare_config(copy.deepcopy(cluster)))
+
+
+def test_lumia_cluster_job_configs_load_with_every_key_valid():
+    from mia_ray.config import LumiaJobConfig
+
+    text = load_config(LumiaJobConfig, str(ROOT / "jobs" / "lumia_cluster.yaml"))
+    assert text.model.name_or_path == "EleutherAI/pythia-1.4b" and text.targets == []
+    assert (text.resources.gpus_per_actor, text.probe.repeats) == (1.0, 3)
+    llava = load_config(LumiaJobConfig, str(ROOT / "jobs" / "lumia_llava_cluster.yaml"))
+    assert llava.model.name_or_path.startswith("llava-hf/llava-onevision-")
+    assert llava.data.image_field == "image" and llava.attacks == []
+    demo = load_config(LumiaJobConfig, str(ROOT / "jobs" / "lumia_demo.yaml"))
+    assert demo.targets == ["tiny", "smollm2"] and demo.probe.kinds == ["mlp", "logreg"]

@@ -106,3 +106,28 @@ def test_copycheck_demo_and_cluster_configs_load():
     cluster = load_config(CopyCheckJobConfig, "jobs/copycheck_cluster.yaml")
     assert cluster.finetune.lr == 1e-4 and cluster.finetune.deepspeed == "jobs/deepspeed_zero2.json"
     assert cluster.uncertainty.placement == "members" and cluster.uncertainty.train_gpus == 1
+
+
+LUMIA_ERRORS = [
+    (
+        ["probe.kinds=[mlp,svm]"],
+        "probe.kinds must be a non-empty subset of mlp, logreg; got \\['svm'\\]",
+    ),
+    (["probe.repeats=0"], "probe.repeats must be at least 1, not 0"),
+    (["probe.test_size=1.2"], "probe.test_size and probe.val_fraction must lie in \\(0, 1\\)"),
+    (["probe.dropout=1"], "probe.dropout must lie in \\[0, 1\\), not 1"),
+    (
+        ["attacks=[loss,lira]"],
+        "attacks: unknown 'lira' \\(LUMIA compares with: loss, ref, zlib, min_k\\)",
+    ),
+    (["targets=[tiny,tiny]"], "targets lists a target twice"),
+    (["targets=[]"], "data.path is empty: give the samples to probe"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", LUMIA_ERRORS)
+def test_lumia_config_errors_name_the_problem(overrides, message):
+    from mia_ray.config import LumiaJobConfig
+
+    with pytest.raises(MiaError, match=message):
+        load_config(LumiaJobConfig, "jobs/lumia_demo.yaml", overrides)

@@ -165,12 +165,11 @@ def _train_probes(
     cfg: LumiaJobConfig, parts: list[Path], meta: pd.DataFrame, splits, out: Path, fp: str
 ) -> tuple[dict[str, dict], float]:
     """Per layer column, the probe results (``probe_layer``'s dict); cached per layer."""
+    import pyarrow.parquet as pq
     import ray
 
     from mia_ray.actors.activations import load_layer, parse_column
     from mia_ray.reports.io import read_json
-
-    import pyarrow.parquet as pq
 
     names = [c for c in pq.read_schema(parts[0]).names if parse_column(c)]
     names.sort(key=lambda c: (parse_column(c)[0] != "vision", parse_column(c)))

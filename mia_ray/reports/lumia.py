@@ -47,7 +47,8 @@ HOW_TO_READ = (
     "are the mean ± standard deviation over the repeats. Early stopping uses a validation fold "
     "carved from the training part, never the test part. AUC 0.5 is chance (dashed line); the "
     "paper counts an attack as successful above 0.6 (dotted line). The best layer is the one "
-    "with the highest mean test AUC; picked among many layers, it is a little optimistic. "
+    "with the highest mean validation AUC, so choosing it never looks at the test part; its "
+    "test AUC is what the tables report. "
     "The comparison table sets it against the classic attacks (loss, reference model, zlib, "
     "min-k%) on the same test folds, and against the blind baseline: a bag-of-words classifier "
     "that never sees the model. A probe only shows training signal where it beats the blind "
@@ -120,8 +121,16 @@ def fmt_improvement(pct: Any) -> str:
 
 
 def _best_of(rows: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The row with the highest validation AUC (as the pipeline picks l*), else test AUC."""
     scored = [r for r in rows if math.isfinite(_float(r.get("auc_mean")))]
-    return max(scored, key=lambda r: _float(r["auc_mean"])) if scored else None
+    if not scored:
+        return None
+    key = (
+        "val_auc_mean"
+        if all(math.isfinite(_float(r.get("val_auc_mean"))) for r in scored)
+        else "auc_mean"
+    )
+    return max(scored, key=lambda r: _float(r[key]))
 
 
 def _key(row: Mapping[str, Any]) -> tuple[str, str, str]:

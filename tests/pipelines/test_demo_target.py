@@ -42,3 +42,24 @@ def test_demo_untrained_target_every_attack_ci_contains_half(tmp_path, ray_local
     for name in ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"]:
         lo, hi = report["metrics"][name]["auc_ci"]
         assert lo <= 0.5 <= hi, (name, report["metrics"][name])
+
+
+def _lumia(out, target):
+    # Only the LOSS baseline here: the probes are what these tests are about.
+    args = ["lumia", "--config", "jobs/lumia_demo.yaml", "--set", f"targets=[{target}]"]
+    assert main([*args, "--set", "attacks=[loss]", "--out", str(out)]) == 0
+    return json.loads((out / "report.json").read_text())
+
+
+def test_demo_tiny_target_lumia_best_layer_auc_at_least_0_9(tmp_path, ray_local):
+    report = _lumia(tmp_path / "lumia-tiny", "tiny")
+    assert report["data"]["n_members"] >= 200 and report["data"]["n_nonmembers"] >= 200
+    assert report["best_layer"]["auc_mean"] >= 0.9, report["best_layer"]
+    assert {r["layer"] for r in report["layers"]} == {1, 2, 3, 4}
+
+
+def test_demo_untrained_target_lumia_no_layer_above_0_6(tmp_path, ray_local):
+    report = _lumia(tmp_path / "lumia-random", "tiny-random")
+    worst = max(report["layers"], key=lambda r: r["auc_mean"])
+    assert worst["auc_mean"] <= 0.6, worst
+    assert len(report["layers"]) == 4 * 2
