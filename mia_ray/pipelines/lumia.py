@@ -308,6 +308,33 @@ def _layer_rows(results: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def _score_rows(results: dict[str, dict], meta: pd.DataFrame) -> pd.DataFrame:
+    """Every test-part score of every probe: one row per (part, layer, probe, repeat, sample)."""
+    from mia_ray.actors.activations import parse_column
+
+    frames = []
+    for name, res in results.items():
+        part, layer = parse_column(name)
+        for kind, r in res.items():
+            for rep, (idx, scores) in enumerate(
+                zip(r["test_index"], r["test_scores"], strict=True)
+            ):
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            "snippet_id": meta["snippet_id"].to_numpy()[idx],
+                            "part": part,
+                            "layer": layer,
+                            "probe": kind,
+                            "repeat": rep,
+                            "score": scores,
+                            "label": meta["label"].to_numpy()[idx],
+                        }
+                    )
+                )
+    return pd.concat(frames, ignore_index=True)
+
+
 def _best(rows: list[dict]) -> tuple[dict, list[dict]]:
     """l* per (part, probe) and overall, chosen by the validation AUC (mean over repeats):
     picking the layer with the highest test AUC would select on the test part."""
@@ -367,7 +394,8 @@ def _run_target(cfg: LumiaJobConfig, name: str, out: Path) -> dict[str, Any]:
         list(meta["doc_id"]),
         cfg.model.name_or_path,
         cfg.model.max_length,
-        vars(p),
+        # How the probes are scheduled does not change them: not part of the fingerprint.
+        {k: v for k, v in vars(p).items() if k not in ("parallel", "cpus_per_task")},
     )
     results, t_probe = _train_probes(cfg, parts, meta, splits, out, probe_fp)
     rows = sorted(
@@ -399,6 +427,7 @@ def _run_target(cfg: LumiaJobConfig, name: str, out: Path) -> dict[str, Any]:
     t_base = time.time() - t1
 
     write_parquet(out / "layers.parquet", pd.DataFrame(rows))
+    write_parquet(out / "probe_scores.parquet", _score_rows(results, meta))
     write_parquet(out / "samples.parquet", meta.drop(columns=["text"]))
     n_test_non = min(int((y[test] == 0).sum()) for _, test in splits)
     notes += _notes(cfg, meta, n_test_non, rows, best, baselines, blind)

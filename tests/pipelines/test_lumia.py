@@ -58,6 +58,14 @@ def test_report_has_every_layer_probe_and_the_comparison(run):
     assert "data:image/png" in html
     layers = pd.read_parquet(out / "tiny" / "layers.parquet")
     assert len(layers) == len(rows)
+    # Every probe's test scores are kept, and each repeat's AUC is recomputed from them.
+    from mia_ray.stats.metrics import roc_auc
+
+    scores = pd.read_parquet(out / "tiny" / "probe_scores.parquet")
+    row = next(r for r in rows if r["probe"] == "mlp" and r["layer"] == 2)
+    for rep in range(3):
+        s = scores[(scores["probe"] == "mlp") & (scores["layer"] == 2) & (scores["repeat"] == rep)]
+        assert roc_auc(s["score"], s["label"]) == pytest.approx(row["auc_repeats"][rep])
 
 
 def test_samples_are_grouped_by_document_and_activations_keyed_by_sample(run):
@@ -83,8 +91,9 @@ def test_rerun_recomputes_nothing_and_gives_identical_numbers(run, test_world, c
     assert main(_args(test_world, out)) == 0
     err = capfd.readouterr().err
     assert "activations: reusing" in err
+    summaries = ("layers.parquet", "samples.parquet", "probe_scores.parquet")
     for p, t in stamps.items():
-        if p.name not in ("layers.parquet", "samples.parquet"):
+        if p.name not in summaries:  # those are rewritten from the reused rows
             assert p.stat().st_mtime_ns == t, p
     again = json.loads((out / "report.json").read_text())
     for key in ("layers", "best_layer", "baselines", "blind_baseline", "ngram_overlap"):
