@@ -13,6 +13,7 @@ Text models have one part, ``text``. Layers are 1-based: layer l is the output o
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,9 @@ class ActivationReader:
         self.tok.padding_side = "right"  # causal attention: real tokens never see right pads
         self._mask = None
         self._sums: dict[str, list] = {}
+        # Only hidden states are read: project just one position onto the vocabulary.
+        params = inspect.signature(self.model.forward).parameters
+        self._extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.layers: dict[str, int] = {}
         for part, blocks in _block_lists(self.model).items():
             self.layers[part] = len(blocks)
@@ -135,7 +139,7 @@ class ActivationReader:
         self._mask, self._sums = enc["attention_mask"], {}
         try:
             with torch.inference_mode():
-                self.model(**enc)
+                self.model(**enc, **self._extra)
         finally:
             self._mask = None
         return enc["attention_mask"].sum(1).tolist(), dict(self._sums)
@@ -165,7 +169,7 @@ class ActivationReader:
         self._mask, self._sums = enc["attention_mask"], {}
         try:
             with torch.inference_mode():
-                self.model(**enc)
+                self.model(**enc, **self._extra)
         finally:
             self._mask = None
         return int(enc["attention_mask"].sum()), dict(self._sums)
