@@ -33,6 +33,7 @@ class DataConfig:
     date_field: str = "date"  # optional column, carried through
     image_field: str = "image"  # vision-language models: image path (relative to a jsonl's folder)
     labels: str = ""  # optional membership manifest (JSON doc_id -> 0/1), overrides label_field
+    unlabelled: str = "error"  # documents the manifest lacks: error | skip (leave them out)
     snippet_unit: str = "words"  # words | tokens
     snippet_size: int = 512
     min_snippet_size: int = (
@@ -46,6 +47,8 @@ class DataConfig:
     def validate(self) -> None:
         if self.format not in ("auto", "text", "jsonl", "parquet"):
             raise MiaError(f"data.format must be auto, text, jsonl or parquet, not {self.format!r}")
+        if self.unlabelled not in ("error", "skip"):
+            raise MiaError(f"data.unlabelled must be error or skip, not {self.unlabelled!r}")
         if self.snippet_unit not in ("words", "tokens"):
             raise MiaError(f"data.snippet_unit must be words or tokens, not {self.snippet_unit!r}")
         if self.snippet_size < 1:

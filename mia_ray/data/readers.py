@@ -148,16 +148,24 @@ def load_manifest(path: str | os.PathLike) -> dict[str, int]:
     return {str(k): int(v) for k, v in obj.items()}
 
 
-def attach_labels(ds, manifest: dict[str, int]):
+def attach_labels(ds, manifest: dict[str, int], unlabelled: str = "error"):
     """Add or replace the ``label`` column of ``ds`` from ``manifest`` (doc_id -> 0/1).
 
     The doc_ids of ``ds`` are collected on the driver first (one pass; cheap on the
     materialized dataset that ``read_documents`` returns), so a manifest that lacks some
-    documents fails before anything else runs. Manifest entries without a document are ignored.
+    documents fails before anything else runs, or with ``unlabelled="skip"`` those documents
+    are left out (a manifest that picks its documents from a larger corpus). Manifest entries
+    without a document are ignored.
     """
     ids = _column_values(ds, "doc_id")
     missing = sorted(set(ids) - manifest.keys())
-    if missing:
+    if missing and unlabelled == "skip":
+        keep = manifest.keys()
+        ds = ds.filter(lambda r: r["doc_id"] in keep).materialize()
+        ids = [i for i in ids if i in keep]
+        if not ids:
+            raise MiaError("labels manifest names none of the documents")
+    elif missing:
         shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise MiaError(f"labels manifest lacks {len(missing)} of {len(ids)} documents: {shown}")
     needed = {doc_id: int(manifest[doc_id]) for doc_id in ids}

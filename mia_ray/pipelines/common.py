@@ -34,7 +34,10 @@ def resolve_world(cfg) -> None:
     log(f"demo world at {cfg.world.resolved_root()} (target {cfg.world.target})")
     info = ensure_world(cfg.world, targets)
     cfg.data.path = cfg.data.path or str(info["documents"])
-    cfg.data.labels = cfg.data.labels or str(info["manifest"])
+    if not cfg.data.labels:
+        # A target's manifest is its evaluated set: smollm2's is a sample of the corpus.
+        cfg.data.labels = str(info["manifest"])
+        cfg.data.unlabelled = "skip"
     cfg.model.name_or_path = cfg.model.name_or_path or str(info["model"])
     if info.get("reference"):
         cfg.model.reference = cfg.model.reference or str(info["reference"])
@@ -90,7 +93,7 @@ def labelled_documents(data_cfg):
         date_field=data_cfg.date_field,
     )
     if data_cfg.labels:
-        ds = attach_labels(ds, load_manifest(data_cfg.labels))
+        ds = attach_labels(ds, load_manifest(data_cfg.labels), data_cfg.unlabelled)
     if "label" not in ds.columns():
         raise MiaError(
             f"no membership labels: {data_cfg.path} has no '{data_cfg.label_field}' field and "

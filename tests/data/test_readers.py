@@ -204,3 +204,8 @@ def test_parquet_bad_label_and_attach_labels(ray_local, tmp_path):
     assert {r["doc_id"]: r["label"] for r in labelled.take_all()} == {"a": 0, "b": 1, "c": 0}
     with pytest.raises(MiaError, match=r"^labels manifest lacks 2 of 3 documents: b, c$"):
         attach_labels(ds, {"a": 1})
+    # A manifest that picks its documents out of a larger corpus (a demo target's sample).
+    picked = attach_labels(ds, {"a": 1, "c": 0}, unlabelled="skip")
+    assert {r["doc_id"]: r["label"] for r in picked.take_all()} == {"a": 1, "c": 0}
+    with pytest.raises(MiaError, match=r"^labels manifest names none of the documents$"):
+        attach_labels(ds, {"zzz": 1}, unlabelled="skip")
