@@ -23,6 +23,7 @@ from _markdown import update_section  # noqa: E402
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
 
 
 def main() -> None:
@@ -71,7 +72,9 @@ def main() -> None:
     for actors in (1, 2):
         c = copy.deepcopy(cfg)
         c.resources.scorer_actors = actors
-        c.resources.cpus_per_actor = 1
+        # Fractional CPUs: on a 2-CPU machine two whole-CPU actors would leave Ray Data no
+        # CPU for its repartition task (a deadlock); threads set the real compute share.
+        c.resources.cpus_per_actor = 0.5
         c.resources.torch_threads = max(1, cpus // actors)
         t0 = time.time()
         parts, _ = lumia._extract(c, ds, meta, work / f"extract-{actors}")
@@ -134,7 +137,9 @@ def main() -> None:
             ),
             "",
             f"2 actors vs 1: **{e2['rate'] / e1['rate']:.2f}×** samples per second. Largest "
-            f"difference between the two runs' activations: {diff:.1e}.",
+            f"difference between the two runs' activations: {diff:.1e}. Both use all {cpus} "
+            "CPUs: a second model copy pays off with a second GPU or node, not by splitting one "
+            "machine's cores between copies.",
             "",
             "| probe training, all layers | seconds |",
             "|---|---|",
