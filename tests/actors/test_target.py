@@ -1,0 +1,75 @@
+"""TargetLM: greedy continuations and the loss of y, checked against plain HF calls."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def target(test_world):
+    from mia_ray.actors.target import TargetLM
+
+    return TargetLM(test_world["targets"]["tiny"]["model"], torch_threads=1)
+
+
+@pytest.fixture(scope="module")
+def pairs(test_world, target):
+    from mia_ray.data.pairs import make_pairs
+
+    docs = [json.loads(x) for x in Path(test_world["documents"]).read_text().splitlines()]
+    manifest = json.loads(Path(test_world["targets"]["tiny"]["manifest"]).read_text())
+    p = make_pairs([(d["id"], d["text"]) for d in docs], target.tok, 16, 16)
+    p["label"] = p["doc_id"].map(manifest)
+    return p
+
+
+def test_batched_greedy_equals_one_at_a_time_and_hf_generate(target, pairs):
+    import torch
+
+    rows = pairs.head(4)
+    ctx = target.contexts(["", "Once upon a time", "x", ""], list(rows["x_ids"]))
+    together = target.generate(ctx, 8)
+    for c, got in zip(ctx, together, strict=True):
+        assert target.generate([c], 8)[0] == got
+        ids = torch.tensor([c])
+        ref = target.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=8,
+            min_new_tokens=8,
+            do_sample=False,
+            pad_token_id=target.pad,
+        )
+        assert ref[0, len(c) :].tolist() == got
+
+
+def test_loss_is_the_teacher_forced_mean_nll_of_y(target, pairs):
+    import torch
+
+    rows = pairs.head(3)
+    ctx = target.contexts(["a prompt", "", "another one here"], list(rows["x_ids"]))
+    got = target.loss(ctx, list(rows["y_ids"]))
+    for c, y, g in zip(ctx, rows["y_ids"], got, strict=True):
+        ids = torch.tensor([c + list(y)])
+        with torch.inference_mode():
+            logp = torch.log_softmax(target.model(ids).logits[0, :-1], -1)
+        nll = -logp[len(c) - 1 :].gather(-1, ids[0, len(c) :, None]).mean().item()
+        assert g == pytest.approx(nll, rel=1e-4)
+
+
+def test_rows_carry_mu_and_loss_and_members_have_the_lower_loss(target, pairs):
+    from mia_ray.features.lcss import lcss
+
+    res = target(pairs.assign(prompt=""))
+    assert (res["out_ids"].map(len) == 16).all() and np.isfinite(res["loss"]).all()
+    for _, r in res.head(20).iterrows():
+        assert r["mu"] == lcss(r["out_ids"], r["y_ids"]) / 16
+    # The test world's tiny memorised its members' likelihoods (loss), though its greedy
+    # continuations do not reproduce them verbatim (mu ~0.07 for members and non-members).
+    mem = res.loc[res["label"] == 1, "loss"].mean()
+    non = res.loc[res["label"] == 0, "loss"].mean()
+    assert mem < non - 0.5, (mem, non)
