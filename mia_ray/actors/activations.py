@@ -129,20 +129,25 @@ class ActivationReader:
 
         return hook
 
-    def _text_pass(self, texts: list[str]) -> tuple[list[int], dict[str, np.ndarray]]:
+    def _forward(self, enc: dict) -> dict[str, np.ndarray]:
+        """One forward pass; the hooks fill the per-layer means (masked by ``enc``'s mask)."""
         import torch
 
-        enc = self.tok(
-            texts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_length
-        )
-        enc = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
         self._mask, self._sums = enc["attention_mask"], {}
         try:
             with torch.inference_mode():
                 self.model(**enc, **self._extra)
         finally:
             self._mask = None
-        return enc["attention_mask"].sum(1).tolist(), dict(self._sums)
+        return dict(self._sums)
+
+    def _text_pass(self, texts: list[str]) -> tuple[list[int], dict[str, np.ndarray]]:
+
+        enc = self.tok(
+            texts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_length
+        )
+        enc = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        return enc["attention_mask"].sum(1).tolist(), self._forward(enc)
 
     def _crop(self, text: str) -> str:
         ids = self.tok(text, add_special_tokens=False, truncation=True, max_length=self.max_length)
@@ -151,7 +156,6 @@ class ActivationReader:
     def _image_text_pass(self, text: str, image: str) -> tuple[int, dict[str, np.ndarray]]:
         """One sample: LLaVA-OneVision splits an image into a variable number of crops, so
         samples are not batched (each vision pass then belongs to exactly one sample)."""
-        import torch
         from PIL import Image
 
         token = getattr(self.processor, "image_token", "<image>")
@@ -166,13 +170,7 @@ class ActivationReader:
         enc = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in enc.items()}
         if "pixel_values" in enc and enc["pixel_values"].is_floating_point():
             enc["pixel_values"] = enc["pixel_values"].to(self.model.dtype)
-        self._mask, self._sums = enc["attention_mask"], {}
-        try:
-            with torch.inference_mode():
-                self.model(**enc, **self._extra)
-        finally:
-            self._mask = None
-        return int(enc["attention_mask"].sum()), dict(self._sums)
+        return int(enc["attention_mask"].sum()), self._forward(enc)
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         texts = [str(t) for t in batch["text"]]
