@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from mia_ray.features.lcss import memorization
+from mia_ray.models.hf import left_pad
 
 
 class TargetLM:
@@ -44,25 +45,11 @@ class TargetLM:
             for p, x in zip(prompts, x_ids, strict=True)
         ]
 
-    def _left_padded(self, seqs: list[list[int]]):
-        import torch
-
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            if s:
-                ids[i, width - len(s) :] = torch.tensor(s)
-                mask[i, width - len(s) :] = 1
-        # Positions count real tokens only, so a left-padded row sees what it would alone.
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)
-        return ids.to(self.device), mask.to(self.device), pos.to(self.device)
-
     def generate(self, contexts: list[list[int]], new_tokens: int) -> list[list[int]]:
         """Greedy continuations, ``new_tokens`` each (no early stop at EOS: |output| = |y|)."""
         import torch
 
-        ids, mask, pos = self._left_padded(contexts)
+        ids, mask, pos = left_pad(contexts, self.pad, self.device)
         out = []
         past = None
         # transformers 5 renamed the KV cache argument and output field to `cache`.
@@ -95,7 +82,7 @@ class TargetLM:
         import torch
 
         seqs = [list(c) + list(y) for c, y in zip(contexts, y_ids, strict=True)]
-        ids, mask, pos = self._left_padded(seqs)
+        ids, mask, pos = left_pad(seqs, self.pad, self.device)
         with torch.inference_mode():
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
@@ -109,7 +96,10 @@ class TargetLM:
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         x_ids = [list(map(int, x)) for x in batch["x_ids"]]
         y_ids = [list(map(int, y)) for y in batch["y_ids"]]
-        ctx = self.contexts([str(p) for p in batch["prompt"]], x_ids)
+        if "prompt_ids" in batch:  # prompts already in the target's tokens (GCG)
+            ctx = [list(map(int, p)) + x for p, x in zip(batch["prompt_ids"], x_ids, strict=True)]
+        else:
+            ctx = self.contexts([str(p) for p in batch["prompt"]], x_ids)
         n = max(len(y) for y in y_ids)
         outs = [o[: len(y)] for o, y in zip(self.generate(ctx, n), y_ids, strict=True)]
         res = batch.copy()
@@ -117,3 +107,62 @@ class TargetLM:
         res["mu"] = np.array([memorization(o, y) for o, y in zip(outs, y_ids, strict=True)])
         res["loss"] = self.loss(ctx, y_ids)
         return res
+
+    def score(self, prompts: list[str], x_ids: list[list[int]], y_ids: list[list[int]]):
+        """(mu, loss) arrays for text prompts: the ``score`` callable of hunter training."""
+        res = self(pd.DataFrame({"prompt": prompts, "x_ids": x_ids, "y_ids": y_ids}))
+        return res["mu"].to_numpy(dtype=float), res["loss"].to_numpy(dtype=float)
+
+    def allowed_tokens(self) -> np.ndarray:
+        """Token ids GCG may place in a prompt: every id but the special ones."""
+        special = set(self.tok.all_special_ids)
+        n = self.model.get_input_embeddings().weight.shape[0]
+        return np.array([i for i in range(min(n, len(self.tok))) if i not in special])
+
+    def gcg_step(
+        self,
+        prompt_ids: list[int],
+        x_ids: list[int],
+        y_ids: list[int],
+        top_k: int,
+        n_candidates: int,
+        rng: np.random.Generator,
+        allowed: np.ndarray,
+    ) -> tuple[list[int], float]:
+        """One step of Greedy Coordinate Gradient (Zou et al. 2023; MemHunter Algorithm 4).
+
+        The gradient of the loss of y with respect to the one-hot prompt tokens gives, per
+        position, the ``top_k`` most promising substitutes (among ``allowed``); each of
+        ``n_candidates`` candidates swaps one uniformly drawn position for one of its
+        substitutes; the candidate (or the current prompt) with the lowest loss is returned
+        with that loss.
+        """
+        import torch
+
+        emb = self.model.get_input_embeddings()
+        W = emb.weight
+        p = torch.tensor(prompt_ids, device=self.device)
+        onehot = torch.zeros(len(prompt_ids), W.shape[0], device=self.device, dtype=W.dtype)
+        onehot[torch.arange(len(prompt_ids)), p] = 1.0
+        onehot.requires_grad_(True)
+        rest = torch.tensor(list(x_ids) + list(y_ids), device=self.device)
+        with torch.enable_grad():
+            embeds = torch.cat([onehot @ W, emb(rest).detach()], dim=0)[None]
+            logits = self.model(inputs_embeds=embeds).logits[0]
+            n = len(y_ids)
+            logp = torch.log_softmax(logits[-n - 1 : -1].float(), dim=-1)
+            target = torch.tensor(list(y_ids), device=self.device)
+            loss = -logp.gather(-1, target[:, None]).mean()
+            (grad,) = torch.autograd.grad(loss, onehot)
+        mask = torch.full((W.shape[0],), float("inf"), device=self.device)
+        mask[torch.from_numpy(allowed).to(self.device)] = 0.0
+        subs = torch.topk(-(grad.float() + mask), top_k, dim=-1).indices.cpu().numpy()
+        cands = [list(prompt_ids)]
+        for _ in range(n_candidates):
+            c = list(prompt_ids)
+            pos = int(rng.integers(len(c)))
+            c[pos] = int(subs[pos, rng.integers(top_k)])
+            cands.append(c)
+        losses = self.loss([c + list(x_ids) for c in cands], [list(y_ids)] * len(cands))
+        best = int(np.argmin(losses))
+        return cands[best], float(losses[best])

@@ -91,6 +91,22 @@ def load_causal_lm(
     return model, tok, dev
 
 
+def left_pad(seqs: list[list[int]], pad: int, device="cpu"):
+    """``(ids, attention_mask, position_ids)``, each (n, width), for token-id lists padded on
+    the left. Positions count real tokens only, so a padded row sees what it would alone."""
+    import torch
+
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s)
+            mask[i, width - len(s) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    return ids.to(device), mask.to(device), pos.to(device)
+
+
 def set_torch_threads(n: int) -> None:
     import torch
 

@@ -73,3 +73,33 @@ def test_rows_carry_mu_and_loss_and_members_have_the_lower_loss(target, pairs):
     mem = res.loc[res["label"] == 1, "loss"].mean()
     non = res.loc[res["label"] == 0, "loss"].mean()
     assert mem < non - 0.5, (mem, non)
+
+
+def test_prompt_ids_are_the_context_as_given(target, pairs):
+    rows = pairs.head(3)
+    texts = ["a prompt", "", "another one here"]
+    ids = [target.tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    by_text = target(rows.assign(prompt=texts))
+    by_ids = target(rows.assign(prompt_ids=ids))
+    assert list(by_text["mu"]) == list(by_ids["mu"])
+    assert np.allclose(by_text["loss"], by_ids["loss"])
+
+
+def test_gcg_step_never_raises_the_loss_and_swaps_at_most_one_allowed_token(target, pairs):
+    row = pairs.iloc[0]
+    x, y = list(row["x_ids"]), list(row["y_ids"])
+    allowed = target.allowed_tokens()
+    assert target.tok.eos_token_id not in set(allowed)
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.choice(allowed, 6)]
+    start = target.loss([prompt + x], [y])[0]
+    losses = [start]
+    for _ in range(4):
+        new, loss = target.gcg_step(prompt, x, y, 16, 12, rng, allowed)
+        assert sum(a != b for a, b in zip(new, prompt, strict=True)) <= 1
+        assert set(new) <= set(allowed.tolist())
+        assert loss == pytest.approx(target.loss([new + x], [y])[0], rel=1e-5)
+        losses.append(loss)
+        prompt = new
+    assert all(b <= a + 1e-6 for a, b in zip(losses, losses[1:], strict=False))
+    assert losses[-1] < start  # four steps of 12 candidates find something better

@@ -1,0 +1,79 @@
+"""Hunter: MemHunter's prompt writer on a real small LM (the test world's tiny-ref)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def hunter_path(test_world):
+    return test_world["targets"]["tiny"]["reference"]
+
+
+@pytest.fixture(scope="module")
+def hunter(hunter_path):
+    from mia_ray.actors.hunter import Hunter
+
+    return Hunter(hunter_path, torch_threads=1)
+
+
+XS = ["The king and the queen", "Once upon a time there was", "In 1905 the city of"]
+
+
+def test_topk_is_the_models_own_ranking_without_special_tokens(hunter):
+    import torch
+
+    top = hunter.topk(XS, [[], [262], [262, 318]], 12)
+    assert top.shape == (3, 12)
+    eos = hunter.tok.eos_token_id
+    for x, p, row in zip(XS, [[], [262], [262, 318]], top, strict=True):
+        ids = torch.tensor([hunter.context(x) + p])
+        with torch.inference_mode():
+            logits = hunter.model(ids).logits[0, -1]
+        logits = logits.masked_fill(torch.arange(logits.numel()) == eos, float("-inf"))
+        assert row.tolist() == torch.topk(logits, 12).indices.tolist()
+        assert eos not in row
+
+
+def test_sampled_prompts_depend_on_the_seed_not_on_the_batch(hunter):
+    together = hunter.sample(XS, 5, 8, 1.0, [7, 8, 9])
+    alone = [hunter.sample([x], 5, 8, 1.0, [s])[0] for x, s in zip(XS, [7, 8, 9], strict=True)]
+    assert together == alone and all(len(p) == 5 for p in together)
+    assert hunter.sample(XS, 5, 8, 1.0, [1, 2, 3]) != together
+
+
+def test_finetuned_adapter_makes_the_pool_prompts_likely(hunter, hunter_path, tmp_path):
+    import torch
+
+    from mia_ray.train.hunter import HunterSpec, finetune_hunter
+
+    prompts = [[464, 3290, 318, 257], [40, 716, 407, 534], [1212, 318, 262, 995]]
+    pool = pd.DataFrame({"pair_id": ["a", "b", "c"], "prompt_ids": prompts})
+    spec = HunterSpec(epochs=30, lr=5e-3, batch_size=3)
+    xs = dict(zip(["a", "b", "c"], XS, strict=True))
+
+    def logprob():
+        total = 0.0
+        for x, p in zip(XS, prompts, strict=True):
+            ctx = hunter.context(x)
+            ids = torch.tensor([ctx + p])
+            with torch.inference_mode():
+                lp = torch.log_softmax(hunter.model(ids).logits[0, :-1], -1)
+            total += lp[len(ctx) - 1 :].gather(-1, ids[0, len(ctx) :, None]).sum().item()
+        return total
+
+    before = logprob()
+    rec = finetune_hunter(hunter_path, "", pool, str(tmp_path / "ad"), spec, 0, xs, threads=1)
+    assert rec["final_loss"] < rec["first_loss"]
+    hunter.load_adapter(str(tmp_path / "ad"))
+    after = logprob()
+    hunter.load_adapter("")
+    assert logprob() == pytest.approx(before, rel=1e-5)  # the base model is intact
+    assert after > before + 5.0
+    # The top proposal after each pool context now begins the pool prompt.
+    hunter.load_adapter(str(tmp_path / "ad"))
+    first = hunter.topk(XS, [[], [], []], 1)[:, 0]
+    hunter.load_adapter("")
+    assert np.mean(first == np.array([p[0] for p in prompts])) >= 2 / 3

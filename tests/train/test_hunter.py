@@ -1,0 +1,166 @@
+"""MemHunter training: beam search (Algorithm 3), the prompt pool with rejection sampling, and
+Algorithm 1's checkpointed iterations, on a hunter and a target whose scores are known."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mia_ray.errors import MiaError
+from mia_ray.train.hunter import HunterSpec, beam_search, train_hunter, update_pool
+
+SECRET = [3, 1, 4, 1, 5]
+
+
+class CountingHunter:
+    """Proposes, after a prompt ending in t, the tokens t+1, t+2, ... (mod 10)."""
+
+    allowed = np.arange(10)
+
+    def __init__(self):
+        self.adapters = []
+
+    def topk(self, xs, prompts, k):
+        return np.array([[(p[-1] + 1 + j) % 10 for j in range(k)] for p in prompts])
+
+    def decode(self, ids):
+        return " ".join(str(t) for t in ids)
+
+    def load_adapter(self, path):
+        self.adapters.append(path)
+
+
+def secret_score(prompts, x_ids, y_ids):
+    """mu: share of SECRET's positions the prompt matches; loss: 1 - that share + 0.01/token."""
+    mu, loss = [], []
+    for p in prompts:
+        toks = [int(t) for t in p.split()] if p else []
+        hits = sum(a == b for a, b in zip(toks, SECRET, strict=False))
+        mu.append(hits / len(SECRET))
+        loss.append(1 - hits / len(SECRET) + 0.01 * len(toks))
+    return np.array(mu), np.array(loss)
+
+
+def _pairs(n=3):
+    return pd.DataFrame(
+        {
+            "pair_id": [f"d{i}#0" for i in range(n)],
+            "x": [f"prefix {i}" for i in range(n)],
+            "x_ids": [[1, 2]] * n,
+            "y_ids": [[7, 8]] * n,
+        }
+    )
+
+
+def test_beam_search_keeps_the_best_candidate_it_scored():
+    # With all 10 next tokens proposed, a greedy choice of mu finds SECRET itself.
+    spec = HunterSpec(prompt_tokens=5, top_k=10, beams=10, temperature=1e-4, loss_weight=0.0)
+    found = beam_search(CountingHunter(), secret_score, _pairs(2), spec)
+    assert list(found["pair_id"]) == ["d0#0", "d1#0"]
+    for _, r in found.iterrows():
+        # Every beam starts from a uniformly drawn token; the best one began with 3.
+        assert r["mu"] == pytest.approx(1.0) and r["prompt_ids"] == SECRET
+        assert r["prompt"] == "3 1 4 1 5"
+        # 4 growth steps x at most 10 beams x 10 next tokens, duplicates scored once.
+        assert 0 < r["candidates"] <= 4 * 100
+
+
+def test_beam_search_is_seeded_per_pair_and_iteration():
+    spec = HunterSpec(prompt_tokens=3, top_k=2, beams=2, temperature=1.0)
+    a = beam_search(CountingHunter(), secret_score, _pairs(3), spec, iteration=0)
+    b = beam_search(CountingHunter(), secret_score, _pairs(3).iloc[::-1], spec, iteration=0)
+    b = b.set_index("pair_id").loc[a["pair_id"]].reset_index()
+    pd.testing.assert_frame_equal(a, b)
+    c = beam_search(CountingHunter(), secret_score, _pairs(3), spec, iteration=1)
+    assert list(a["prompt"]) != list(c["prompt"])
+
+
+def test_beam_search_refuses_a_one_token_prompt():
+    with pytest.raises(MiaError, match="prompt_tokens must be at least 2"):
+        beam_search(CountingHunter(), secret_score, _pairs(1), HunterSpec(prompt_tokens=1))
+
+
+def _found(rows):
+    return pd.DataFrame(
+        [
+            {"pair_id": p, "prompt_ids": [1], "prompt": t, "mu": m, "loss": lo, "candidates": 1}
+            for p, t, m, lo in rows
+        ]
+    )
+
+
+def test_pool_accepts_only_prompts_that_beat_the_prefix_alone():
+    baseline = pd.DataFrame({"pair_id": ["a", "b", "c"], "mu": [0.5, 0.5, 0.5], "loss": [2.0] * 3})
+    found = _found(
+        [
+            ("a", "better mu", 0.75, 3.0),  # higher mu: accepted whatever its loss
+            ("b", "same mu, lower loss", 0.5, 1.5),  # accepted
+            ("c", "same mu, higher loss", 0.5, 2.5),  # rejected
+        ]
+    )
+    pool = update_pool(pd.DataFrame(), found, baseline, capacity=256)
+    assert list(pool["prompt"]) == ["better mu", "same mu, lower loss"]
+    everything = update_pool(pd.DataFrame(), found, baseline, capacity=256, rejection=False)
+    assert len(everything) == 3
+
+
+def test_pool_keeps_the_best_distinct_entries_up_to_its_capacity():
+    baseline = pd.DataFrame({"pair_id": ["a", "b"], "mu": [0.0, 0.0], "loss": [9.0, 9.0]})
+    first = update_pool(
+        pd.DataFrame(), _found([("a", "p1", 0.5, 1.0), ("b", "p2", 0.25, 1.0)]), baseline, 2
+    )
+    second = update_pool(
+        first,
+        _found([("a", "p1", 0.5, 1.0), ("b", "p3", 0.75, 2.0)]),
+        baseline,
+        2,
+        iteration=1,
+    )
+    assert list(second["prompt"]) == ["p3", "p1"]
+    assert list(second["iteration"]) == [1, 0]  # the repeated (a, p1) kept its first entry
+
+
+def _fake_finetune(log):
+    def finetune(adapter_in, rows, out_dir, seed):
+        log.append((adapter_in, sorted(rows["prompt"]), seed))
+        return {"steps": len(rows)}
+
+    return finetune
+
+
+def test_interrupted_training_resumes_to_the_same_pool(tmp_path):
+    spec = HunterSpec(prompt_tokens=3, top_k=3, beams=2, iterations=3, temperature=0.5)
+    log_full, log_resumed = [], []
+    full = train_hunter(
+        CountingHunter(), secret_score, _fake_finetune(log_full), _pairs(), tmp_path / "a", spec
+    )
+    part = train_hunter(
+        CountingHunter(),
+        secret_score,
+        _fake_finetune(log_resumed),
+        _pairs(),
+        tmp_path / "b",
+        spec,
+        stop_after=0,
+    )
+    assert not part["finished"] and len(part["iterations"]) == 1
+    rest = train_hunter(
+        CountingHunter(), secret_score, _fake_finetune(log_resumed), _pairs(), tmp_path / "b", spec
+    )
+    assert full["finished"] and rest["finished"]
+    for i in range(3):
+        a = pd.read_parquet(tmp_path / "a" / f"iter-{i:02d}" / "pool.parquet")
+        b = pd.read_parquet(tmp_path / "b" / f"iter-{i:02d}" / "pool.parquet")
+        pd.testing.assert_frame_equal(a, b)
+    # The resumed run fine-tuned from the adapter of the iteration it resumed after.
+    assert [(a.replace("/b/", "/a/"), *r) for a, *r in log_resumed] == log_full
+    assert log_full[0][0] == "" and log_full[1][0] == str(tmp_path / "a" / "iter-00" / "adapter")
+    # Nothing is searched again on a rerun of a finished training.
+    again = train_hunter(CountingHunter(), None, _fake_finetune([]), _pairs(), tmp_path / "a", spec)
+    assert again["iterations"] == full["iterations"]
+
+
+def test_other_settings_in_the_same_folder_are_refused(tmp_path):
+    spec = HunterSpec(prompt_tokens=2, top_k=2, beams=1, iterations=1)
+    train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(), tmp_path, spec)
+    with pytest.raises(MiaError, match="other settings or pairs"):
+        train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(2), tmp_path, spec)
