@@ -131,3 +131,29 @@ def test_lumia_config_errors_name_the_problem(overrides, message):
 
     with pytest.raises(MiaError, match=message):
         load_config(LumiaJobConfig, "jobs/lumia_demo.yaml", overrides)
+
+
+def test_set_value_that_is_not_yaml_is_a_clear_error():
+    from mia_ray.config import MemHunterJobConfig
+
+    with pytest.raises(MiaError, match=r"--set dataset_test.suspects: the value is not valid YAML"):
+        load_config(MemHunterJobConfig, None, ["dataset_test.suspects=[@target]"])
+    cfg = load_config(
+        MemHunterJobConfig,
+        None,
+        ['dataset_test.suspects=["@target", "@finetune:nonmembers"]', "world.target=smollm2"],
+    )
+    assert cfg.dataset_test.suspects == ["@target", "@finetune:nonmembers"]
+
+
+def test_memhunter_config_errors_name_the_key():
+    from mia_ray.config import MemHunterJobConfig
+
+    with pytest.raises(MiaError, match=r"hunter.prompt_tokens must be at least 2"):
+        load_config(MemHunterJobConfig, None, ["world.target=tiny", "hunter.prompt_tokens=1"])
+    with pytest.raises(MiaError, match=r"extraction.splits must be a non-empty subset"):
+        load_config(MemHunterJobConfig, None, ["world.target=tiny", "extraction.splits=[dev]"])
+    with pytest.raises(MiaError, match=r"pairs.splits must be three positive shares"):
+        load_config(MemHunterJobConfig, None, ["world.target=tiny", "pairs.splits=[0.5,0.5]"])
+    with pytest.raises(MiaError, match=r"hunter.model is empty"):
+        load_config(MemHunterJobConfig, None, ["data.path=x", "model.name_or_path=y"])

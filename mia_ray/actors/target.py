@@ -166,3 +166,45 @@ class TargetLM:
         losses = self.loss([c + list(x_ids) for c in cands], [list(y_ids)] * len(cands))
         best = int(np.argmin(losses))
         return cands[best], float(losses[best])
+
+    def gcg_run(
+        self,
+        prompt_ids: list[int],
+        x_ids: list[int],
+        y_ids: list[int],
+        budgets_s: list[float],
+        top_k: int,
+        n_candidates: int,
+        seed: int,
+        stop_at_full: bool = False,
+        check_every: int = 1,
+    ) -> dict:
+        """GCG on one pair for ``max(budgets_s)`` seconds of wall clock (MiniPrompt, and the
+        plug-in from a hunter prompt). ``prompt_ids`` (target tokens) is the start; an empty
+        one is not allowed. Returns the prompt at each budget (``snapshots``), the steps run,
+        and with ``stop_at_full`` the seconds until mu reached 1 (checked every
+        ``check_every`` steps; the checks count towards the time), else None."""
+        import time
+
+        if not prompt_ids:
+            raise ValueError("gcg_run needs a non-empty starting prompt")
+        rng = np.random.default_rng(seed)
+        allowed = self.allowed_tokens()
+        budgets = sorted(float(b) for b in budgets_s)
+        prompt, snaps, steps, recovered = list(map(int, prompt_ids)), [], 0, None
+        x, y = list(map(int, x_ids)), list(map(int, y_ids))
+        t0 = time.perf_counter()
+        while len(snaps) < len(budgets):
+            elapsed = time.perf_counter() - t0
+            while len(snaps) < len(budgets) and elapsed >= budgets[len(snaps)]:
+                snaps.append(list(prompt))
+            if len(snaps) == len(budgets):
+                break
+            prompt, _ = self.gcg_step(prompt, x, y, top_k, n_candidates, rng, allowed)
+            steps += 1
+            if stop_at_full and steps % check_every == 0:
+                out = self.generate([prompt + x], len(y))[0]
+                if memorization(out, y) >= 1.0:
+                    recovered = time.perf_counter() - t0
+                    snaps += [list(prompt)] * (len(budgets) - len(snaps))
+        return {"snapshots": snaps, "steps": steps, "recovered_s": recovered}

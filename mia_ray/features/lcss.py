@@ -60,3 +60,32 @@ def memorization_many(
     if len(outputs) != len(targets):
         raise MiaError(f"memorization: {len(outputs)} outputs but {len(targets)} targets")
     return np.array([memorization(o, t) for o, t in zip(outputs, targets, strict=True)])
+
+
+def best_of_k(trials, ks: Sequence[int]):
+    """Avg LCSS and Hit Rate for k trials per sample (MemHunter Tables 1-3, Figures 7-8).
+
+    ``trials``: a DataFrame with ``pair_id``, ``trial`` (0-based) and ``mu``, one row per
+    trial. For each k, a sample's value is its best mu over trials 0..k-1; ``avg_lcss`` is the
+    mean of those values and ``hit_rate`` the share equal to 1 (the whole y recovered), both
+    fractions in [0, 1]. Returns one row per k: k, avg_lcss, hit_rate, pairs.
+    """
+    import pandas as pd
+
+    if len(trials) == 0:
+        raise MiaError("best_of_k: no trials")
+    n_trials = trials.groupby("pair_id")["trial"].nunique()
+    rows = []
+    for k in ks:
+        if k < 1 or (n_trials < k).any():
+            raise MiaError(f"best_of_k: k = {k}, but a sample has only {n_trials.min()} trials")
+        best = trials[trials["trial"] < k].groupby("pair_id")["mu"].max()
+        rows.append(
+            {
+                "k": int(k),
+                "avg_lcss": float(best.mean()),
+                "hit_rate": float((best >= 1.0).mean()),
+                "pairs": int(best.size),
+            }
+        )
+    return pd.DataFrame(rows)

@@ -282,16 +282,21 @@ def finetune_causal_lm(
     tok = AutoTokenizer.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ctx = getattr(model.config, "max_position_embeddings", None) or getattr(
+        model.config, "n_positions", None
+    )
+    max_tokens = min(spec.max_tokens, ctx) if ctx else spec.max_tokens
     seqs = []
     for ids in tok(list(texts))["input_ids"]:
         if tok.eos_token_id is not None and (not ids or ids[-1] != tok.eos_token_id):
             ids = [*ids, tok.eos_token_id]
-        seqs.append(ids[: spec.max_tokens])
+        seqs.append(ids[:max_tokens])
     lora = LoraConfig(
         r=spec.lora_r,
         lora_alpha=spec.lora_alpha,
         lora_dropout=0.0,
-        target_modules=list(spec.target_modules),
+        # No modules named: LoRA on every linear layer (peft's "all-linear"), any architecture.
+        target_modules=list(spec.target_modules) or "all-linear",
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, lora)

@@ -63,3 +63,24 @@ def test_thousands_of_token_pairs():
     outs = [np.concatenate([rng.integers(50, 100, 10), y[:32]]) for y in ys]
     mu = memorization_many(outs, ys)
     assert mu.shape == (2000,) and (mu == 0.5).all()
+
+
+def test_best_of_k_takes_each_samples_best_trial_so_far():
+    import pandas as pd
+
+    from mia_ray.features.lcss import best_of_k
+
+    trials = pd.DataFrame(
+        {
+            "pair_id": ["a"] * 3 + ["b"] * 3,
+            "trial": [0, 1, 2] * 2,
+            "mu": [0.25, 1.0, 0.5, 0.5, 0.25, 0.75],
+        }
+    )
+    got = best_of_k(trials, [1, 2, 3]).set_index("k")
+    # k=1: a 0.25, b 0.5; k=2: a 1.0, b 0.5; k=3: a 1.0, b 0.75.
+    assert got.loc[1, "avg_lcss"] == pytest.approx(0.375) and got.loc[1, "hit_rate"] == 0.0
+    assert got.loc[2, "avg_lcss"] == pytest.approx(0.75) and got.loc[2, "hit_rate"] == 0.5
+    assert got.loc[3, "avg_lcss"] == pytest.approx(0.875) and got.loc[3, "hit_rate"] == 0.5
+    with pytest.raises(MiaError, match="k = 4, but a sample has only 3 trials"):
+        best_of_k(trials, [4])

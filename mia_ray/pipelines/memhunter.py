@@ -1,0 +1,691 @@
+"""MemHunter: how much of a dataset a model reproduces, and did it train on the dataset?
+
+documents → (x, y) pairs of the target dataset (members; split train / test / val by
+document) → the hunter trained to write memory-inducing prompts (Algorithm 1: beam search
+scored by a pool of TargetLM actors, rejection-sampled prompt pool, LoRA fine-tune as a Ray
+task, one checkpoint per iteration) → extraction on held-out pairs with k sampled prompts
+per pair, timed → Manual and MiniPrompt (GCG) at the same wall-clock budget, GCG as a
+plug-in → the dataset-level tests → report.
+
+Sound where the paper is not (../shared/methods/README.md): the paper's t-test and its rule
+"reject H0 if p > alpha" are reported as the paper's; the verdict is a one-sided Welch test
+against a model that surely never saw the data, with an equivalence test against the proxy.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mia_ray.config import MemHunterJobConfig, to_dict
+from mia_ray.errors import MiaError
+from mia_ray.pipelines.common import (
+    check_model_early,
+    check_target_early,
+    fingerprint,
+    labelled_documents,
+    log,
+    resolve_world,
+)
+from mia_ray.registry import pipeline
+from mia_ray.runtime import describe
+
+
+def _resolve(cfg: MemHunterJobConfig) -> None:
+    """Demo world: target, its reference and data from ``world.target``; the hunter defaults
+    to the world's tiny-ref, a small GPT trained only on the reference pool (never on members)."""
+    resolve_world(cfg)
+    if cfg.world.target and not cfg.hunter.model:
+        from mia_ray.demo.world import ensure_world
+
+        info = ensure_world(cfg.world, [cfg.world.target, "tiny"])
+        cfg.hunter.model = info["targets"]["tiny"]["reference"]
+    check_target_early(cfg.model)
+    check_model_early(cfg.hunter.model, "hunter.model")
+
+
+def _pairs(cfg: MemHunterJobConfig, tok) -> tuple[pd.DataFrame, dict[int, list[str]]]:
+    """Member pairs split train/test/val by document, plus non-member pairs (split
+    ``nonmember``), each split cut to ``pairs.max_per_split`` (first ids); and the documents'
+    texts by label (1: the target dataset, 0: outside it)."""
+    from mia_ray.data.pairs import make_pairs, split_pairs
+
+    ds, labels = labelled_documents(cfg.data)
+    docs = ds.select_columns(["doc_id", "text"]).to_pandas().sort_values("doc_id")
+    p = cfg.pairs
+    rows = []
+    for label in (1, 0):
+        part = docs[docs["doc_id"].map(labels) == label]
+        pairs = make_pairs(
+            zip(part["doc_id"], part["text"], strict=True),
+            tok,
+            p.prefix_tokens,
+            p.target_tokens,
+            p.per_doc,
+        )
+        if label == 1:
+            pairs = split_pairs(pairs, tuple(p.splits), p.seed)
+        else:
+            pairs["split"] = "nonmember"
+        rows.append(pairs)
+    pairs = pd.concat(rows, ignore_index=True).sort_values("pair_id", kind="stable")
+    if p.max_per_split:
+        pairs = pairs.groupby("split", sort=False).head(p.max_per_split)
+    by_label = {
+        y: docs.loc[docs["doc_id"].map(labels) == y, "text"].astype(str).tolist() for y in (1, 0)
+    }
+    return pairs.reset_index(drop=True), by_label
+
+
+class TargetPool:
+    """A pool of TargetLM actors holding one model: batched scoring and GCG runs."""
+
+    def __init__(self, path: str, cfg: MemHunterJobConfig):
+        import ray
+        from ray.util import ActorPool
+
+        from mia_ray.actors.target import TargetLM
+
+        res, m = cfg.resources, cfg.model
+        threads = res.torch_threads or max(1, int(np.ceil(res.cpus_per_actor)))
+        remote = ray.remote(TargetLM).options(
+            num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor
+        )
+        self.actors = [
+            remote.remote(path, m.device, m.dtype, m.revision, m.trust_remote_code, threads)
+            for _ in range(max(1, res.scorer_actors))
+        ]
+        self.pool = ActorPool(self.actors)
+        self.batch = max(1, m.batch_size)
+
+    def frame(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """Rows with prompt or prompt_ids, x_ids, y_ids -> plus out_ids, mu, loss (in order)."""
+        chunks = [rows.iloc[i : i + self.batch] for i in range(0, len(rows), self.batch)]
+        out = list(self.pool.map(lambda a, c: a.__call__.remote(c), chunks))
+        return pd.concat(out, ignore_index=True) if out else rows.iloc[:0]
+
+    def score(self, prompts, x_ids, y_ids) -> tuple[np.ndarray, np.ndarray]:
+        res = self.frame(pd.DataFrame({"prompt": prompts, "x_ids": x_ids, "y_ids": y_ids}))
+        return res["mu"].to_numpy(dtype=float), res["loss"].to_numpy(dtype=float)
+
+    def gcg(self, jobs: list[dict]) -> list[dict]:
+        return list(self.pool.map(lambda a, j: a.gcg_run.remote(**j), jobs))
+
+    def allowed(self) -> np.ndarray:
+        import ray
+
+        return ray.get(self.actors[0].allowed_tokens.remote())
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        import ray
+
+        return ray.get(self.actors[0].contexts.remote(texts, [[] for _ in texts]))
+
+    def close(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a)
+
+
+def _finetune_task(model, adapter_in, rows, out_dir, spec, seed, xs, separator, max_x, threads):
+    from mia_ray.train.hunter import finetune_hunter
+
+    return finetune_hunter(
+        model, adapter_in, rows, out_dir, spec, seed, xs, separator, max_x, threads
+    )
+
+
+def _train(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path) -> dict:
+    import ray
+
+    from mia_ray.train.hunter import HunterSpec, train_hunter
+
+    h = cfg.hunter
+    spec = HunterSpec(
+        prompt_tokens=h.prompt_tokens,
+        top_k=h.top_k,
+        beams=h.beams,
+        temperature=h.temperature,
+        loss_weight=h.loss_weight,
+        pool_size=h.pool_size,
+        rejection=h.rejection,
+        iterations=h.iterations,
+        lora_r=h.lora_r,
+        lora_alpha=h.lora_alpha,
+        epochs=h.epochs,
+        lr=h.lr,
+        batch_size=h.batch_size,
+        seed=h.seed,
+    )
+    train = pairs[pairs["split"] == "train"]
+    xs = dict(zip(train["pair_id"], train["x"], strict=True))
+    task = ray.remote(_finetune_task).options(num_cpus=h.train_cpus, num_gpus=h.train_gpus)
+    threads = max(1, int(np.ceil(h.train_cpus)))
+
+    def finetune(adapter_in, rows, out_dir, seed):
+        return ray.get(
+            task.remote(
+                h.model, adapter_in, rows, out_dir, spec, seed, xs, h.separator, h.max_x_tokens,
+                threads,
+            )
+        )  # fmt: skip
+
+    log(f"hunter: training on {len(train)} pairs, {h.iterations} iterations")
+    return train_hunter(hunter, target.score, finetune, train, out / "hunter", spec)
+
+
+def _extract(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path, adapter: str):
+    """k trials per pair: trial j samples one hunter prompt per pair (seeded by pair and j),
+    all pairs of a split in one batched round; the round's wall clock is its cost. Rows:
+    split, pair_id, trial, prompt, mu, loss, round_s. Cached per split."""
+    from mia_ray.reports.io import write_parquet
+    from mia_ray.train.hunter import pair_seed
+
+    h, n_trials = cfg.hunter, max(cfg.extraction.trials)
+    fp = fingerprint(n_trials, cfg.extraction.seed, h.prompt_tokens, h.sample_top_k,
+                     h.sample_temperature, adapter, cfg.model.name_or_path)  # fmt: skip
+    frames = []
+    for split in cfg.extraction.splits:
+        part = pairs[pairs["split"] == split]
+        if part.empty:
+            continue
+        f = out / "extraction" / f"{split}-{fp}.parquet"
+        if f.exists():
+            frames.append(pd.read_parquet(f))
+            continue
+        rows = []
+        for j in range(n_trials):
+            t0 = time.perf_counter()
+            seeds = [pair_seed(cfg.extraction.seed, "trial", p, j) for p in part["pair_id"]]
+            prompts = hunter.sample(
+                list(part["x"]), h.prompt_tokens, h.sample_top_k, h.sample_temperature, seeds
+            )
+            texts = [hunter.decode(p) for p in prompts]
+            res = target.frame(part[["pair_id", "x_ids", "y_ids"]].assign(prompt=texts))
+            dt = time.perf_counter() - t0
+            rows.append(res.assign(split=split, trial=j, round_s=dt))
+            log(f"extraction [{split}]: trial {j + 1}/{n_trials} ({dt:.1f} s)")
+        df = pd.concat(rows, ignore_index=True)
+        df = df[["split", "pair_id", "trial", "prompt", "out_ids", "mu", "loss", "round_s"]]
+        write_parquet(f, df)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _stage(out: Path, name: str, fp: str, compute) -> tuple[list[dict], pd.DataFrame]:
+    """``compute() -> (rows, frame)``, stored under ``out/stages``; a rerun with the same
+    fingerprint reads them back instead."""
+    from mia_ray.reports.io import read_json, write_json, write_parquet
+
+    meta, data = out / "stages" / f"{name}.json", out / "stages" / f"{name}.parquet"
+    if meta.exists() and data.exists() and read_json(meta).get("fingerprint") == fp:
+        log(f"{name}: reusing the results of an earlier run")
+        return read_json(meta)["rows"], pd.read_parquet(data)
+    rows, frame = compute()
+    write_parquet(data, frame)
+    write_json(meta, {"fingerprint": fp, "rows": rows})
+    return rows, frame
+
+
+def _memhunter_rows(trials: pd.DataFrame, ks: list[int]) -> list[dict]:
+    from mia_ray.features.lcss import best_of_k
+
+    rows = []
+    for split, part in trials.groupby("split", sort=False):
+        rounds = part.groupby("trial")["round_s"].first().sort_index().to_numpy()
+        for r in best_of_k(part, ks).to_dict("records"):
+            rows.append(
+                {
+                    "method": "memhunter",
+                    "split": split,
+                    "trials": r["k"],
+                    "seconds": float(rounds[: r["k"]].sum()),
+                    "avg_lcss": r["avg_lcss"],
+                    "hit_rate": r["hit_rate"],
+                    "pairs": r["pairs"],
+                }
+            )
+    return rows
+
+
+def _manual(cfg, target: TargetPool, pairs: pd.DataFrame) -> tuple[list[dict], pd.DataFrame]:
+    """The prefix alone (Carlini et al.): one greedy continuation per pair."""
+    rows, frames = [], []
+    for split in cfg.extraction.splits:
+        part = pairs[pairs["split"] == split]
+        if part.empty:
+            continue
+        t0 = time.perf_counter()
+        res = target.frame(part[["pair_id", "x_ids", "y_ids"]].assign(prompt=""))
+        dt = time.perf_counter() - t0
+        frames.append(res.assign(split=split, method="manual"))
+        rows.append(
+            {
+                "method": "manual",
+                "split": split,
+                "trials": 1,
+                "seconds": dt,
+                "avg_lcss": float(res["mu"].mean()),
+                "hit_rate": float((res["mu"] >= 1).mean()),
+                "pairs": len(res),
+            }
+        )
+    return rows, pd.concat(frames, ignore_index=True)
+
+
+def _random_prompt(allowed: np.ndarray, n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).choice(allowed, n)]
+
+
+def _miniprompt(
+    cfg, target: TargetPool, pairs, mem_rows, n_actors
+) -> tuple[list[dict], pd.DataFrame]:
+    """MiniPrompt: GCG from random tokens per pair, given MemHunter's wall clock at each k.
+    With A actors running pairs side by side, a pair's share of T seconds is T * A / n."""
+    from mia_ray.train.hunter import pair_seed
+
+    e = cfg.extraction
+    allowed = target.allowed()
+    rows, frames = [], []
+    for split in e.splits:
+        part = pairs[pairs["split"] == split]
+        mine = [r for r in mem_rows if r["split"] == split and r["method"] == "memhunter"]
+        if part.empty or not mine:
+            continue
+        budgets = [r["seconds"] * n_actors / len(part) for r in mine]
+        jobs = [
+            {
+                "prompt_ids": _random_prompt(
+                    allowed, e.gcg_prompt_tokens, pair_seed(e.seed, "gcg", pid)
+                ),
+                "x_ids": list(x),
+                "y_ids": list(y),
+                "budgets_s": budgets,
+                "top_k": e.gcg_top_k,
+                "n_candidates": e.gcg_candidates,
+                "seed": pair_seed(e.seed, "gcg-steps", pid),
+            }
+            for pid, x, y in zip(part["pair_id"], part["x_ids"], part["y_ids"], strict=True)
+        ]
+        log(f"miniprompt [{split}]: GCG on {len(jobs)} pairs, up to {max(budgets):.1f} s each")
+        runs = target.gcg(jobs)
+        for b, r in enumerate(mine):
+            snap = part[["pair_id", "x_ids", "y_ids"]].assign(
+                prompt_ids=[run["snapshots"][b] for run in runs]
+            )
+            res = target.frame(snap)
+            frames.append(res.assign(split=split, method="miniprompt", trials=r["trials"]))
+            rows.append(
+                {
+                    "method": "miniprompt",
+                    "split": split,
+                    "trials": r["trials"],  # the MemHunter budget it is matched to
+                    "seconds": r["seconds"],
+                    "avg_lcss": float(res["mu"].mean()),
+                    "hit_rate": float((res["mu"] >= 1).mean()),
+                    "pairs": len(res),
+                    "gcg_steps_mean": float(np.mean([run["steps"] for run in runs])),
+                }
+            )
+    return rows, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _plugin(cfg, target: TargetPool, pairs, trials) -> tuple[list[dict], pd.DataFrame]:
+    """Figure 4: GCG to full recovery from MemHunter's best prompt (after its pre-search of
+    k_max prompts) vs from random tokens, on the first ``plugin_pairs`` test pairs."""
+    from mia_ray.train.hunter import pair_seed
+
+    e = cfg.extraction
+    test = pairs[pairs["split"] == "test"].head(e.plugin_pairs)
+    if test.empty:
+        return [], pd.DataFrame()
+    tri = trials[trials["split"] == "test"]
+    n_test = tri["pair_id"].nunique()
+    presearch = float(tri.groupby("trial")["round_s"].first().sum()) / max(1, n_test)
+    best = tri.sort_values(["mu", "loss"], ascending=[False, True]).groupby("pair_id").head(1)
+    best = best.set_index("pair_id")["prompt"]
+    allowed = target.allowed()
+    starts = {
+        "memhunter_gcg": target.encode([best[p] for p in test["pair_id"]]),
+        "gcg": [
+            _random_prompt(allowed, e.gcg_prompt_tokens, pair_seed(e.seed, "gcg", p))
+            for p in test["pair_id"]
+        ],
+    }
+    rows, per_pair = [], []
+    for method, inits in starts.items():
+        jobs = []
+        for pid, x, y, init in zip(
+            test["pair_id"], test["x_ids"], test["y_ids"], inits, strict=True
+        ):
+            init = list(init) or _random_prompt(allowed, 1, pair_seed(e.seed, "pad", pid))
+            jobs.append(
+                {
+                    "prompt_ids": init,
+                    "x_ids": list(x),
+                    "y_ids": list(y),
+                    "budgets_s": [e.plugin_max_s],
+                    "top_k": e.gcg_top_k,
+                    "n_candidates": e.gcg_candidates,
+                    "seed": pair_seed(e.seed, "plugin", method, pid),
+                    "stop_at_full": True,
+                    "check_every": e.plugin_check_every,
+                }
+            )
+        log(f"plug-in: {method} on {len(jobs)} pairs, at most {e.plugin_max_s:.0f} s each")
+        runs = target.gcg(jobs)
+        final = target.frame(
+            test[["pair_id", "x_ids", "y_ids"]].assign(
+                prompt_ids=[r["snapshots"][-1] for r in runs]
+            )
+        )
+        pre = presearch if method == "memhunter_gcg" else 0.0
+        times = []
+        for pid, run, mu in zip(test["pair_id"], runs, final["mu"], strict=True):
+            t = None if run["recovered_s"] is None else pre + run["recovered_s"]
+            times.append(t)
+            per_pair.append(
+                {
+                    "method": method,
+                    "pair_id": pid,
+                    "presearch_s": pre,
+                    "seconds_to_full": t,
+                    "gcg_steps": run["steps"],
+                    "final_mu": float(mu),
+                }
+            )
+        censored = [pre + e.plugin_max_s if t is None else t for t in times]
+        rows.append(
+            {
+                "method": method,
+                "split": "test",
+                "trials": None,
+                "seconds": float(np.mean(censored)),
+                "avg_lcss": float(final["mu"].mean()),
+                "hit_rate": float(np.mean([t is not None for t in times])),
+                "pairs": len(test),
+            }
+        )
+    return rows, pd.DataFrame(per_pair)
+
+
+def _finetune_model_task(texts, base, out_dir, epochs, seed, threads):
+    from mia_ray.train.lm import FinetuneSpec, finetune_causal_lm
+
+    # Empty target_modules: LoRA on every linear layer, whatever the architecture.
+    spec = FinetuneSpec(epochs=epochs, target_modules=())
+    return finetune_causal_lm(texts, base, out_dir, spec, seed=seed, threads=threads)
+
+
+def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[str, str]:
+    """Every model the dataset test names -> a path; ``@finetune:...`` models are trained
+    here once (a Ray task each) and reused from ``out/models`` on a rerun."""
+    import ray
+
+    d = cfg.dataset_test
+    alias = {"@target": cfg.model.name_or_path, "@reference": cfg.model.reference}
+    names = [*d.suspects, d.reference, d.proxy]
+    paths: dict[str, str] = {}
+    task = ray.remote(_finetune_model_task).options(
+        num_cpus=cfg.hunter.train_cpus, num_gpus=cfg.hunter.train_gpus
+    )
+    for name in dict.fromkeys(names):
+        if name in alias:
+            if not alias[name]:
+                raise MiaError(f"dataset_test names {name} but it is not set (model section)")
+            paths[name] = alias[name]
+        elif name.startswith("@finetune:"):
+            which = name.split(":", 1)[1]
+            if which not in ("members", "nonmembers"):
+                raise MiaError(
+                    f"dataset_test: {name}: use @finetune:members or @finetune:nonmembers"
+                )
+            base = alias.get(d.base, d.base)
+            dest = out / "models" / f"finetune-{which}"
+            if not (dest / "training.json").is_file():
+                texts = docs_by_label[1 if which == "members" else 0]
+                log(f"dataset test: fine-tuning {base} on {len(texts)} {which} documents")
+                tmp = dest.with_name(dest.name + ".tmp")
+                ray.get(task.remote(texts, base, str(tmp), d.finetune_epochs, d.finetune_seed, 1))
+                tmp.replace(dest)
+            paths[name] = str(dest)
+        elif name.startswith("@"):
+            raise MiaError(
+                f"dataset_test: unknown model {name!r} (use a path, a hub name, @target, "
+                "@reference, @finetune:members or @finetune:nonmembers)"
+            )
+        else:
+            check_model_early(name, "dataset_test model")
+            paths[name] = name
+    return paths
+
+
+def _dataset_test(cfg, hunter, pairs: pd.DataFrame, docs_by_label, out: Path):
+    """Each model's LCSS on the test pairs (best of ``trials`` hunter prompts, the same prompts
+    for every model), then per suspect: the paper's t-test vs the proxy (reported as the
+    paper's), the one-sided Welch test vs the reference, and the TOST against the proxy."""
+    from mia_ray.stats.hypothesis import paper_ttest, tost, welch_greater
+    from mia_ray.train.hunter import pair_seed
+
+    d = cfg.dataset_test
+    part = pairs[pairs["split"] == d.split]
+    if len(part) < 2:
+        raise MiaError(f"dataset_test: the {d.split} split has {len(part)} pairs; need at least 2")
+    paths = _model_paths(cfg, docs_by_label, out)
+    rows = []
+    for j in range(d.trials):
+        seeds = [pair_seed(cfg.extraction.seed, "trial", p, j) for p in part["pair_id"]]
+        prompts = hunter.sample(
+            list(part["x"]), cfg.hunter.prompt_tokens, cfg.hunter.sample_top_k,
+            cfg.hunter.sample_temperature, seeds,
+        )  # fmt: skip
+        rows.append(part.assign(prompt=[hunter.decode(p) for p in prompts], trial=j))
+    probes = pd.concat(rows, ignore_index=True)[["pair_id", "trial", "prompt", "x_ids", "y_ids"]]
+    lcss: dict[str, pd.Series] = {}
+    for name, path in dict.fromkeys(paths.items()):
+        f = out / "dataset_test" / f"{fingerprint(path)}.parquet"
+        if f.exists():
+            res = pd.read_parquet(f)
+        else:
+            log(f"dataset test: LCSS of {name} ({path})")
+            pool = TargetPool(path, cfg)
+            try:
+                res = pool.frame(probes)[["pair_id", "trial", "mu"]]
+            finally:
+                pool.close()
+            from mia_ray.reports.io import write_parquet
+
+            write_parquet(f, res)
+        lcss[name] = res.groupby("pair_id")["mu"].max().sort_index()
+    ref, proxy = lcss[d.reference], lcss[d.proxy]
+    out_rows = []
+    for s in d.suspects:
+        for fn, other, role in (
+            (paper_ttest, proxy, "proxy"),
+            (welch_greater, ref, "reference"),
+            (lambda a, b, alpha: tost(a, b, d.margin, alpha), proxy, "proxy"),
+        ):
+            try:
+                r = fn(lcss[s].to_numpy(), other.to_numpy(), alpha=d.alpha)
+            except MiaError as e:
+                r = {"test": fn.__name__, "h0": "", "statistic": None, "p_value": None,
+                     "verdict": f"undefined: {e}"}  # fmt: skip
+            out_rows.append(
+                {
+                    "suspect": s,
+                    "against": d.proxy if role == "proxy" else d.reference,
+                    **{k: r.get(k) for k in ("test", "h0", "statistic", "df", "p_value")},
+                    "alpha": d.alpha,
+                    "verdict": r["verdict"],
+                    "mean_suspect": float(lcss[s].mean()),
+                    "mean_other": float(other.mean()),
+                }
+            )
+    means = {name: float(v.mean()) for name, v in lcss.items()}
+    return out_rows, means, {k: v.tolist() for k, v in lcss.items()}
+
+
+def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
+
+    from mia_ray.actors.hunter import Hunter
+    from mia_ray.reports.io import write_json, write_parquet
+
+    _resolve(cfg)
+    h = cfg.hunter
+    target = TargetPool(cfg.model.name_or_path, cfg)
+    try:
+        tok_path = cfg.model.name_or_path
+        from mia_ray.models.hf import load_tokenizer
+
+        tok = load_tokenizer(tok_path, cfg.model.revision, cfg.model.trust_remote_code)
+        pairs, docs_by_label = _pairs(cfg, tok)
+        counts = pairs["split"].value_counts().to_dict()
+        log(f"pairs: {counts}")
+        if counts.get("train", 0) < 1 or counts.get("test", 0) < 1:
+            raise MiaError(f"pairs: need train and test pairs of members, got {counts}")
+        write_parquet(out / "pairs.parquet", pairs)
+        threads = cfg.resources.torch_threads or 1
+        hunter = Hunter(
+            h.model,
+            device=cfg.model.device,
+            torch_threads=threads,
+            separator=h.separator,
+            max_x_tokens=h.max_x_tokens,
+        )
+        training = _train(cfg, hunter, target, pairs, out)
+        hunter.load_adapter(training["adapter"])
+        trials = _extract(cfg, hunter, target, pairs, out, training["adapter"])
+        extraction = _memhunter_rows(trials, sorted(cfg.extraction.trials))
+        outputs = [trials.assign(method="memhunter")]
+        methods = cfg.extraction.methods
+        # Wall-clock-budgeted results cannot be recomputed identically: a rerun reads them back.
+        fp = fingerprint(to_dict(cfg.extraction), to_dict(cfg.pairs), cfg.model.name_or_path,
+                         list(pairs["pair_id"]), training["adapter"])  # fmt: skip
+        if "manual" in methods:
+            rows, frame = _stage(out, "manual", fp, lambda: _manual(cfg, target, pairs))
+            extraction += rows
+            outputs.append(frame)
+        if "miniprompt" in methods:
+            n = len(target.actors)
+            rows, frame = _stage(
+                out, "miniprompt", fp, lambda: _miniprompt(cfg, target, pairs, extraction, n)
+            )
+            extraction += rows
+            outputs.append(frame)
+        plugin: list[dict] = []
+        if "plugin" in methods:
+            rows, per_pair = _stage(out, "plugin", fp, lambda: _plugin(cfg, target, pairs, trials))
+            extraction += rows
+            plugin = per_pair.to_dict("records")
+    finally:
+        target.close()
+    hypothesis, lcss_means, lcss_values = _dataset_test(cfg, hunter, pairs, docs_by_label, out)
+    write_parquet(out / "extraction.parquet", pd.DataFrame(extraction))
+    cols = ["method", "split", "pair_id", "mu"]
+    write_parquet(
+        out / "outputs.parquet",
+        pd.concat([f[[c for c in cols if c in f]] for f in outputs], ignore_index=True),
+    )
+    report = {
+        "pipeline": "memhunter",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": {"target": cfg.model.name_or_path, "hunter": h.model},
+        "pairs": {
+            "prefix_tokens": cfg.pairs.prefix_tokens,
+            "target_tokens": cfg.pairs.target_tokens,
+            "counts": {k: int(v) for k, v in counts.items()},
+        },
+        "training": training,
+        "extraction": extraction,
+        "plugin": plugin,
+        "hypothesis": hypothesis,
+        "dataset_test": {
+            "split": cfg.dataset_test.split,
+            "trials": cfg.dataset_test.trials,
+            "models": {
+                "suspects": list(cfg.dataset_test.suspects),
+                "reference": cfg.dataset_test.reference,
+                "proxy": cfg.dataset_test.proxy,
+            },
+            "mean_lcss": lcss_means,
+            "lcss": lcss_values,
+        },
+        "lcss_by_method": _lcss_by_method(outputs),
+        "examples": _examples(trials, pairs, outputs, tok),
+        "notes": _notes(cfg),
+        "runtime": describe(),
+    }
+    write_json(out / "report.json", report)
+    from mia_ray.reports.memhunter import render_memhunter_report
+
+    render_memhunter_report(report, out / "report.html")
+    return report
+
+
+def _lcss_by_method(outputs: list[pd.DataFrame], split: str = "test") -> dict[str, list[float]]:
+    """Per method, each test pair's best mu (MiniPrompt: at its largest budget)."""
+    out = {}
+    for f in outputs:
+        f = f[f["split"] == split]
+        if f.empty:
+            continue
+        if "trials" in f and f["method"].iloc[0] == "miniprompt":
+            f = f[f["trials"] == f["trials"].max()]
+        out[str(f["method"].iloc[0])] = f.groupby("pair_id")["mu"].max().sort_index().tolist()
+    return out
+
+
+def _examples(trials: pd.DataFrame, pairs: pd.DataFrame, outputs, tok, n: int = 5) -> list[dict]:
+    """Table 7: for the test pairs with the highest MemHunter mu, x, the best prompt, the
+    target's continuation with it and without it (manual), and y."""
+    test = trials[trials["split"] == "test"]
+    if test.empty:
+        return []
+    best = test.sort_values(["mu", "loss"], ascending=[False, True]).groupby("pair_id").head(1)
+    best = best.sort_values(["mu", "pair_id"], ascending=[False, True]).head(n)
+    manual = next((f for f in outputs if "method" in f and (f["method"] == "manual").any()), None)
+    by_id = pairs.set_index("pair_id")
+    rows = []
+    for _, r in best.iterrows():
+        row = {"pair_id": r["pair_id"], "x": by_id.loc[r["pair_id"], "x"], "prompt": r["prompt"],
+               "output": tok.decode([int(t) for t in r["out_ids"]]), "mu": float(r["mu"]),
+               "y": by_id.loc[r["pair_id"], "y"]}  # fmt: skip
+        if manual is not None:
+            m = manual[(manual["pair_id"] == r["pair_id"]) & (manual["split"] == "test")]
+            if len(m):
+                row["manual_output"] = tok.decode([int(t) for t in m.iloc[0]["out_ids"]])
+                row["manual_mu"] = float(m.iloc[0]["mu"])
+        rows.append(row)
+    return rows
+
+
+def _notes(cfg: MemHunterJobConfig) -> list[str]:
+    h, e = cfg.hunter, cfg.extraction
+    return [
+        "mu = LCSS(output, y) / |y| on the target's tokens; Avg LCSS is the mean over pairs of "
+        "the best mu among k prompts, Hit Rate the share of pairs with mu = 1.",
+        f"Hunter training: {h.iterations} iterations, beam search with top-{h.top_k} and "
+        f"{h.beams} beams over {h.prompt_tokens}-token prompts (paper: top-48, 4 beams, 10 "
+        f"iterations), prompt pool {h.pool_size}, LoRA r {h.lora_r} / alpha {h.lora_alpha}, "
+        f"{h.epochs} epochs, lr {h.lr:g}.",
+        "Seconds are wall clock on this run's resources. MiniPrompt (GCG from random tokens) "
+        "gets, per budget, the seconds MemHunter took for k prompts; Manual is one greedy "
+        "continuation of the prefix alone.",
+        f"Plug-in: GCG runs until mu = 1 or {e.plugin_max_s:g} s (censored there), from the "
+        "hunter's best prompt (its pre-search time added) or from random tokens.",
+        "The paper's dataset test (p > alpha means memorized) is shown for comparison only: a "
+        "large p-value is no evidence of sameness. The verdicts we stand behind are the "
+        "one-sided Welch test against a model that never saw the data and the TOST "
+        "equivalence test against the proxy.",
+    ]
+
+
+@pipeline("memhunter", MemHunterJobConfig, help="MemHunter: extract memorized text, test a dataset")
+def run(cfg: MemHunterJobConfig, out: Path) -> dict:
+    return _run(copy.deepcopy(cfg), out)

@@ -1,0 +1,178 @@
+"""MemHunter's report.html: extraction against the time budget (the paper's Tables 1-3), the
+plug-in (Figure 4), the dataset-level tests (Tables 4-6) with their null hypotheses, an LCSS
+histogram per method, and example prompts and outputs (Table 7)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mia_ray.reports.html import (
+    _new_figure,
+    _palette,
+    _png,
+    fmt_num,
+    fmt_pct,
+    img_html,
+    list_html,
+    page,
+    paragraph,
+    table_html,
+)
+from mia_ray.reports.io import write_text
+
+HOW_TO_READ = (
+    "MemHunter asks how much of a dataset the model reproduces word for word. Each sample is "
+    "cut into a prefix x and its continuation y; the model continues x (after a prompt) and mu "
+    "is the longest common substring of its output and y, as a share of y. A small 'hunter' "
+    "model is trained to write prompts that make the target reproduce y; at use it only "
+    "samples prompts, k per sample, and the best is kept. Avg LCSS is the mean best mu, Hit "
+    "Rate the share of samples reproduced in full. Manual is the prefix alone; MiniPrompt "
+    "optimises a prompt per sample by GCG in the same wall-clock time. The 'nonmember' split "
+    "holds text the target never trained on: whatever is 'recovered' there is what any "
+    "fluent model would write."
+)
+
+
+def lcss_histogram(values: Mapping[str, Sequence[float]]) -> bytes | None:
+    """One histogram of per-sample mu per method, on shared bins over [0, 1]."""
+    items = [(k, [float(v) for v in vs]) for k, vs in values.items() if len(vs)]
+    if not items:
+        return None
+    fig, axes = _new_figure(6.4, 3.4)
+    ax = axes[0]
+    bins = [i / 20 for i in range(21)]
+    for (name, vs), color in zip(items, _palette(len(items)), strict=True):
+        ax.hist(vs, bins=bins, histtype="step", linewidth=1.6, color=color, label=name)
+    ax.set_xlabel("mu = LCSS / |y| (best over the method's trials)")
+    ax.set_ylabel("samples")
+    ax.set_xlim(0, 1)
+    ax.legend(fontsize=8)
+    ax.set_title("Held-out member samples (test split)")
+    return _png(fig)
+
+
+def _extraction_table(rows: Sequence[Mapping[str, Any]], split: str) -> str:
+    mine = [r for r in rows if r.get("split") == split]
+    body = [
+        [
+            r["method"],
+            "—" if r.get("trials") is None else str(int(r["trials"])),
+            fmt_num(r["seconds"], 1),
+            fmt_pct(r["avg_lcss"]),
+            fmt_pct(r["hit_rate"]),
+            str(int(r["pairs"])),
+        ]
+        for r in mine
+    ]
+    return table_html(
+        body,
+        ["method", "k (budget)", "seconds", "Avg LCSS", "Hit Rate", "samples"],
+        caption=f"split: {split}",
+    )
+
+
+def render_memhunter_report(report: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
+    rows = report.get("extraction", [])
+    splits = list(dict.fromkeys(r["split"] for r in rows))
+    sections: list[tuple[str, str]] = [("How to read this", paragraph(HOW_TO_READ))]
+    sections.append(
+        ("Extraction against the time budget", "".join(_extraction_table(rows, s) for s in splits))
+    )
+    png = lcss_histogram(report.get("lcss_by_method", {}))
+    if png:
+        sections.append(("LCSS per method", img_html(png, "histogram of mu per method")))
+    if report.get("plugin"):
+        sections.append(
+            (
+                "Plug-in: GCG to full recovery (Figure 4)",
+                table_html(
+                    report["plugin"],
+                    [
+                        "method",
+                        "pair_id",
+                        "presearch_s",
+                        "seconds_to_full",
+                        "gcg_steps",
+                        "final_mu",
+                    ],
+                    caption="seconds_to_full: — when GCG did not recover y within the limit",
+                ),
+            )
+        )
+    hyp = report.get("hypothesis", [])
+    if hyp:
+        body = [
+            [
+                r["suspect"],
+                r["test"],
+                r["against"],
+                r.get("h0") or "—",
+                fmt_num(r.get("statistic")),
+                fmt_num(r.get("p_value"), 4),
+                r["verdict"],
+            ]
+            for r in hyp
+        ]
+        means = report.get("dataset_test", {}).get("mean_lcss", {})
+        sections.append(
+            (
+                "Did the suspect train on the dataset?",
+                table_html(body, ["suspect", "test", "against", "H0", "t", "p-value", "verdict"])
+                + table_html(
+                    [[k, fmt_pct(v)] for k, v in means.items()],
+                    ["model", "mean LCSS"],
+                    caption="each model's best mu over the same hunter prompts, test split",
+                ),
+            )
+        )
+    ex = report.get("examples", [])
+    if ex:
+        body = [
+            [
+                e["x"],
+                e["prompt"],
+                e.get("output", ""),
+                e.get("manual_output", ""),
+                e["y"],
+                fmt_pct(e["mu"]),
+            ]
+            for e in ex
+        ]
+        sections.append(
+            (
+                "Examples (Table 7)",
+                table_html(
+                    body,
+                    ["x", "hunter prompt", "output with it", "output without", "y", "mu"],
+                ),
+            )
+        )
+    training = report.get("training", {}).get("iterations", [])
+    if training:
+        sections.append(
+            (
+                "Hunter training",
+                table_html(
+                    training,
+                    [
+                        "iteration",
+                        "search_mu_mean",
+                        "pool",
+                        "pool_mu_mean",
+                        "candidates",
+                        "search_s",
+                        "finetune_s",
+                    ],
+                ),  # fmt: skip
+            )
+        )
+    sections.append(("Notes", list_html(report.get("notes", []))))
+    html = page(
+        "MemHunter: memorization extraction",
+        sections,
+        subtitle=f"target {report['model']['target']}, hunter {report['model']['hunter']}",
+    )
+    return write_text(out_path, html)

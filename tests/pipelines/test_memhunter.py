@@ -1,0 +1,133 @@
+"""MemHunter end to end on the test world (target tiny, hunter tiny-ref), and the target role
+on a model that memorised its members verbatim."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from mia_ray.cli import main
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def _args(test_world, out, *extra):
+    return [
+        "memhunter", "--config", "jobs/memhunter_demo.yaml",
+        "--set", "world.scale=test", "--set", f"world.root={test_world['root']}",
+        "--set", "world.target=tiny",
+        "--set", "pairs.prefix_tokens=16", "--set", "pairs.target_tokens=16",
+        "--set", "pairs.max_per_split=6",
+        "--set", "extraction.trials=[2,4]", "--set", "extraction.plugin_max_s=3",
+        "--set", 'dataset_test.suspects=["@target", "@finetune:nonmembers"]',
+        *extra,
+        "--out", str(out),
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, ray_local, test_world):
+    out = tmp_path_factory.mktemp("memhunter") / "run"
+    assert main(_args(test_world, out)) == 0
+    return out, json.loads((out / "report.json").read_text())
+
+
+def test_extraction_rows_cover_every_method_and_budget(run):
+    out, report = run
+    rows = pd.DataFrame(report["extraction"])
+    assert set(rows["method"]) == {"memhunter", "manual", "miniprompt", "memhunter_gcg", "gcg"}
+    for col in ("split", "trials", "seconds", "avg_lcss", "hit_rate"):
+        assert col in rows
+    mem = rows[rows["method"] == "memhunter"]
+    assert set(mem["split"]) == {"test", "nonmember"}
+    for _, part in mem.groupby("split"):
+        part = part.sort_values("trials")
+        assert list(part["trials"]) == [2, 4]
+        # Best of k is monotone in k, and so is the time k prompts took.
+        assert part["avg_lcss"].is_monotonic_increasing and part["seconds"].is_monotonic_increasing
+    # MiniPrompt gets MemHunter's seconds at each budget.
+    mini = rows[rows["method"] == "miniprompt"].set_index(["split", "trials"])
+    for _, r in mem.iterrows():
+        assert mini.loc[(r["split"], r["trials"]), "seconds"] == pytest.approx(r["seconds"])
+    # The avg LCSS is recomputed from the stored trials: the best mu per pair over k trials.
+    trials = pd.concat(pd.read_parquet(p) for p in (out / "extraction").glob("test-*.parquet"))
+    best4 = trials.groupby("pair_id")["mu"].max().mean()
+    got = mem[(mem["split"] == "test") & (mem["trials"] == 4)]["avg_lcss"].item()
+    assert got == pytest.approx(best4)
+    # mu is LCSS / |y| on tokens: a multiple of 1/16 here.
+    assert np.allclose((trials["mu"] * 16) % 1, 0)
+
+
+def test_hypothesis_rows_state_h0_and_recompute_from_the_lcss_values(run):
+    _, report = run
+    hyp = pd.DataFrame(report["hypothesis"])
+    assert set(hyp["suspect"]) == {"@target", "@finetune:nonmembers"}
+    for col in ("suspect", "test", "h0", "statistic", "p_value", "verdict"):
+        assert col in hyp and hyp[col].notna().all(), col
+    lcss = report["dataset_test"]["lcss"]
+    for _, r in hyp[hyp["test"].str.startswith("one-sided Welch")].iterrows():
+        want = stats.ttest_ind(
+            lcss[r["suspect"]], lcss["@reference"], equal_var=False, alternative="greater"
+        )
+        assert r["p_value"] == pytest.approx(want.pvalue) and r["statistic"] == pytest.approx(
+            want.statistic
+        )
+        assert "never saw the data" in r["h0"]
+    paper = hyp[hyp["test"].str.startswith("paper")]
+    assert (paper["verdict"].str.contains("paper's rule")).all()
+
+
+def test_hunter_trained_and_checkpointed_every_iteration(run):
+    out, report = run
+    its = report["training"]["iterations"]
+    assert [r["iteration"] for r in its] == [0, 1] and report["training"]["finished"]
+    for i in range(2):
+        d = out / "hunter" / f"iter-{i:02d}"
+        assert (d / "done.json").is_file() and (d / "pool.parquet").is_file()
+    pool = pd.read_parquet(out / "hunter" / "iter-01" / "pool.parquet")
+    base = pd.read_parquet(out / "hunter" / "baseline.parquet").set_index("pair_id")
+    # Rejection sampling: every pooled prompt beats the prefix alone on its pair.
+    b = base.loc[pool["pair_id"]]
+    assert (
+        (pool["mu"].to_numpy() > b["mu"].to_numpy())
+        | ((pool["mu"].to_numpy() == b["mu"].to_numpy()) & (pool["loss"].to_numpy() < b["loss"].to_numpy()))
+    ).all()  # fmt: skip
+    html = (out / "report.html").read_text()
+    assert "data:image/png" in html and "Did the suspect train on the dataset?" in html
+
+
+def test_rerun_trains_and_searches_nothing_and_gives_identical_numbers(run, test_world, capfd):
+    out, report = run
+    capfd.readouterr()
+    assert main(_args(test_world, out)) == 0
+    err = capfd.readouterr().err
+    assert "resuming after iteration 1" in err
+    for stage in ("manual", "miniprompt", "plugin"):
+        assert f"{stage}: reusing the results of an earlier run" in err
+    again = json.loads((out / "report.json").read_text())
+    assert again["extraction"] == report["extraction"]
+    assert again["hypothesis"] == report["hypothesis"]
+
+
+def test_target_recovers_a_memorised_text_and_not_an_unseen_one(tmp_path, test_world):
+    """A tiny GPT trained hard on two texts continues their prefixes verbatim (mu = 1);
+    on texts it never saw, mu stays low."""
+    from mia_ray.actors.target import TargetLM
+    from mia_ray.data.pairs import make_pairs
+    from mia_ray.demo.world import SCALES, gpt2_bpe_tokenizer
+    from mia_ray.train.lm import TinyLMSpec, train_causal_lm
+
+    docs = [json.loads(x) for x in open(test_world["documents"])]
+    seen, unseen = docs[:2], docs[10:14]
+    tok = gpt2_bpe_tokenizer(SCALES["test"].bpe_merges)
+    spec = TinyLMSpec(n_layer=2, n_embd=64, n_head=2, n_positions=64, epochs=300, batch_size=4)
+    train_causal_lm([d["text"] for d in seen], tok, tmp_path / "m", spec, seed=0, threads=1)
+    target = TargetLM(str(tmp_path / "m"), torch_threads=1)
+    mem = make_pairs([(d["id"], d["text"]) for d in seen], target.tok, 16, 16)
+    non = make_pairs([(d["id"], d["text"]) for d in unseen], target.tok, 16, 16)
+    res_mem = target(mem.assign(prompt=""))
+    res_non = target(non.assign(prompt=""))
+    assert res_mem["mu"].min() == 1.0
+    assert res_non["mu"].max() <= 0.5
