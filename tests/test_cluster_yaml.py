@@ -82,3 +82,16 @@ def test_lumia_cluster_job_configs_load_with_every_key_valid():
     assert llava.data.image_field == "image" and llava.attacks == []
     demo = load_config(LumiaJobConfig, str(ROOT / "jobs" / "lumia_demo.yaml"))
     assert demo.targets == ["tiny", "smollm2"] and demo.probe.kinds == ["mlp", "logreg"]
+
+
+def test_memhunter_job_configs_load_with_the_papers_settings_on_the_cluster():
+    from mia_ray.config import MemHunterJobConfig
+
+    c = load_config(MemHunterJobConfig, str(ROOT / "jobs" / "memhunter_cluster.yaml"))
+    assert (c.model.name_or_path, c.hunter.model) == ("EleutherAI/pythia-1b", "gpt2")
+    h = c.hunter
+    assert (h.top_k, h.beams, h.pool_size, h.iterations) == (48, 4, 256, 10)
+    assert (h.lora_r, h.lora_alpha, h.epochs, h.lr) == (8, 16, 8, 5e-4)
+    assert c.extraction.trials == [5, 10, 20, 30] and c.resources.gpus_per_actor == 1.0
+    demo = load_config(MemHunterJobConfig, str(ROOT / "jobs" / "memhunter_demo.yaml"))
+    assert demo.world.target == "smollm2" and demo.hunter.model == ""

@@ -83,10 +83,14 @@ class TargetLM:
 
         seqs = [list(c) + list(y) for c, y in zip(contexts, y_ids, strict=True)]
         ids, mask, pos = left_pad(seqs, self.pad, self.device)
+        # Left padding puts every y at the end: project only the positions that predict y.
+        keep = max(len(y) for y in y_ids) + 1
         with torch.inference_mode():
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        tok_lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+            logits = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep
+            ).logits
+        logp = torch.log_softmax(logits[:, -keep:-1].float(), dim=-1)
+        tok_lp = logp.gather(-1, ids[:, -keep + 1 :, None]).squeeze(-1)
         out = []
         for i, y in enumerate(y_ids):
             n = len(y)

@@ -538,18 +538,18 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
 
     _resolve(cfg)
     h = cfg.hunter
+    from mia_ray.models.hf import load_tokenizer
+
+    tok = load_tokenizer(cfg.model.name_or_path, cfg.model.revision, cfg.model.trust_remote_code)
+    # Read the documents before the target actors take their CPUs: Ray Data needs one.
+    pairs, docs_by_label = _pairs(cfg, tok)
+    counts = pairs["split"].value_counts().to_dict()
+    log(f"pairs: {counts}")
+    if counts.get("train", 0) < 1 or counts.get("test", 0) < 1:
+        raise MiaError(f"pairs: need train and test pairs of members, got {counts}")
+    write_parquet(out / "pairs.parquet", pairs)
     target = TargetPool(cfg.model.name_or_path, cfg)
     try:
-        tok_path = cfg.model.name_or_path
-        from mia_ray.models.hf import load_tokenizer
-
-        tok = load_tokenizer(tok_path, cfg.model.revision, cfg.model.trust_remote_code)
-        pairs, docs_by_label = _pairs(cfg, tok)
-        counts = pairs["split"].value_counts().to_dict()
-        log(f"pairs: {counts}")
-        if counts.get("train", 0) < 1 or counts.get("test", 0) < 1:
-            raise MiaError(f"pairs: need train and test pairs of members, got {counts}")
-        write_parquet(out / "pairs.parquet", pairs)
         threads = cfg.resources.torch_threads or 1
         hunter = Hunter(
             h.model,

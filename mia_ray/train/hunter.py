@@ -98,7 +98,8 @@ def beam_search(
     beams = [[[int(t)] for t in g.choice(hunter.allowed, size=spec.beams)] for g in rngs]
     best: list[dict | None] = [None] * len(ids)
     counts = [0] * len(ids)
-    for _ in range(spec.prompt_tokens - 1):
+    t0 = time.time()
+    for step in range(spec.prompt_tokens - 1):
         owner, cands = [], []
         flat_x = [xs[i] for i, bs in enumerate(beams) for _ in bs]
         flat_q = [q for bs in beams for q in bs]
@@ -127,6 +128,11 @@ def beam_search(
                 best[i] = {"prompt_ids": cands[c], "prompt": texts[c], "mu": m[k], "loss": lo[k]}
             chosen = _select(m - spec.loss_weight * lo, spec.beams, spec.temperature, rngs[i])
             beams[i] = [cands[sel[a]] for a in chosen]
+        _log(
+            f"iteration {iteration + 1}: prompt token {step + 2}/{spec.prompt_tokens}, "
+            f"{len(cands)} candidates scored, best mu {np.mean([b['mu'] for b in best]):.3f} "
+            f"on average ({time.time() - t0:.0f} s)"
+        )
     return pd.DataFrame(
         [
             {
