@@ -547,6 +547,38 @@ class DatasetTestConfig:
 
 
 @dataclass
+class SweepConfig:
+    """A datasets x models sweep (the paper's 3 x 3 tables). Each cell trains a hunter for one
+    model on one dataset, extracts and tests, in its own folder (``cells/<dataset>__<model>``);
+    cells run as Ray tasks side by side as the resources allow, and a rerun skips finished cells.
+
+    ``datasets``: data paths (as ``data.path``), or ``@world:books`` / ``@world:web`` (the demo
+    world's documents of one source); ``labels``: one manifest per dataset ("" = labels in the
+    data; demo sources use the first model's manifest). ``models``: targets (paths, hub names,
+    ``@target``, or ``@world:<target>`` for a demo-world model)."""
+
+    datasets: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    max_concurrent: int = 0  # 0 = as many cells as the cluster's CPUs and GPUs hold
+
+    def validate(self) -> None:
+        if bool(self.datasets) != bool(self.models):
+            raise MiaError("sweep needs both sweep.datasets and sweep.models (or neither)")
+        if self.labels and len(self.labels) != len(self.datasets):
+            raise MiaError(
+                f"sweep.labels has {len(self.labels)} entries for {len(self.datasets)} datasets"
+            )
+        for name in (*self.datasets, *self.models):
+            if name.startswith("@world:") and not name[7:]:
+                raise MiaError(f"sweep: {name!r} names no demo-world part")
+        if len(set(self.datasets)) != len(self.datasets) or len(set(self.models)) != len(
+            self.models
+        ):
+            raise MiaError("sweep lists a dataset or a model twice")
+
+
+@dataclass
 class MemHunterJobConfig:
     """`mia-ray memhunter`: memorization extraction with a trained prompt writer and a
     dataset-level verdict (Wu et al., MemHunter). ``data`` holds the target dataset: its
@@ -560,14 +592,16 @@ class MemHunterJobConfig:
     hunter: HunterConfig = field(default_factory=HunterConfig)
     extraction: ExtractionConfig = field(default_factory=ExtractionConfig)
     dataset_test: DatasetTestConfig = field(default_factory=DatasetTestConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
     def validate(self) -> None:
         self.data.validate()
+        self.sweep.validate()
         self.pairs.validate()
         self.hunter.validate()
         self.extraction.validate()
         self.dataset_test.validate()
-        if not self.world.target:
+        if not self.world.target and not self.sweep.datasets:
             if not self.data.path:
                 raise MiaError("data.path is empty: give the target dataset (or world.target)")
             if not self.model.name_or_path:

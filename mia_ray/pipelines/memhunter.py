@@ -686,6 +686,135 @@ def _notes(cfg: MemHunterJobConfig) -> list[str]:
     ]
 
 
+def _cell_name(name: str) -> str:
+    base = name[7:] if name.startswith("@world:") else Path(name.rstrip("/")).name or name
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in base.lstrip("@"))
+
+
+def _sweep_cells(cfg: MemHunterJobConfig, out: Path) -> list[tuple[str, str, MemHunterJobConfig]]:
+    """(dataset, model, cell config) for every cell; demo-world names resolved to paths."""
+    from mia_ray.demo.world import ensure_world
+    from mia_ray.reports.io import read_json, write_json
+
+    sw = cfg.sweep
+    world_targets = [m[7:] for m in sw.models if m.startswith("@world:")]
+    info = None
+    if world_targets or any(d.startswith("@world:") for d in sw.datasets):
+        info = ensure_world(cfg.world, [*(world_targets or ["tiny"]), "tiny"])
+    if not cfg.hunter.model:
+        if info is None:
+            raise MiaError("sweep: hunter.model is empty: give a small LM to train as the hunter")
+        cfg.hunter.model = info["targets"]["tiny"]["reference"]
+    cells = []
+    for i, ds in enumerate(sw.datasets):
+        labels = sw.labels[i] if sw.labels else ""
+        path = ds
+        if ds.startswith("@world:"):
+            source = ds[7:]
+            manifest = read_json(
+                labels or info["targets"][world_targets[0] if world_targets else "tiny"]["manifest"]
+            )
+            sub = {k: v for k, v in manifest.items() if k.startswith(f"{source}/")}
+            if not sub:
+                raise MiaError(f"sweep: the demo world has no {source!r} documents")
+            labels = str(out / "datasets" / f"{source}.json")
+            write_json(Path(labels), sub)
+            path = info["documents"]
+        for m in sw.models:
+            c = copy.deepcopy(cfg)
+            c.sweep = type(cfg.sweep)()
+            c.world.target = ""
+            c.data.path, c.data.labels, c.data.unlabelled = path, labels, "skip"
+            if m.startswith("@world:"):
+                c.model.name_or_path = info["targets"][m[7:]]["model"]
+                c.model.reference = cfg.model.reference or info["targets"][m[7:]]["reference"]
+            elif m != "@target":
+                c.model.name_or_path = m
+            cells.append((ds, m, c))
+    return cells
+
+
+def _cell_task(cfg: MemHunterJobConfig, out: str) -> dict:
+    from mia_ray.runtime import configure_data_context
+
+    configure_data_context(no_progress_timeout_s=cfg.resources.no_progress_timeout_s)
+    return _run(cfg, Path(out))
+
+
+def _sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
+    """Every (dataset, model) cell as a Ray task; the cells' actors and tasks hold the
+    resources, so as many cells run at once as those fit (``sweep.max_concurrent``)."""
+    import ray
+
+    from mia_ray.reports.io import read_json, write_json
+
+    cells = _sweep_cells(cfg, out)
+    res = cfg.resources
+    per_cell = max(1, res.scorer_actors) * res.cpus_per_actor + cfg.hunter.train_cpus
+    total = ray.cluster_resources()
+    fit = int(total.get("CPU", 1) // max(per_cell, 1e-9))
+    gpus = max(1, res.scorer_actors) * res.gpus_per_actor + cfg.hunter.train_gpus
+    if gpus:
+        fit = min(fit, int(total.get("GPU", 0) // gpus))
+    parallel = cfg.sweep.max_concurrent or max(1, fit)
+    task = ray.remote(_cell_task).options(num_cpus=0)  # an orchestrator: its work is in actors
+    results: dict[tuple[str, str], dict] = {}
+    pending: dict[Any, tuple[str, str]] = {}
+    todo = []
+    for ds, m, c in cells:
+        d = out / "cells" / f"{_cell_name(ds)}__{_cell_name(m)}"
+        fp = fingerprint(to_dict(c))
+        done = d / "cell.json"
+        if done.exists() and read_json(done).get("fingerprint") == fp:
+            results[(ds, m)] = read_json(d / "report.json")
+            continue
+        todo.append((ds, m, c, d, fp))
+    log(f"sweep: {len(cells)} cells, {len(results)} done, {parallel} at a time")
+    while todo or pending:
+        while todo and len(pending) < parallel:
+            ds, m, c, d, fp = todo.pop(0)
+            d.mkdir(parents=True, exist_ok=True)
+            pending[task.remote(c, str(d))] = (ds, m, d, fp)
+        (ref,), _ = ray.wait(list(pending), num_returns=1)
+        ds, m, d, fp = pending.pop(ref)
+        results[(ds, m)] = ray.get(ref)
+        write_json(d / "cell.json", {"fingerprint": fp})
+        log(f"sweep: cell {_cell_name(ds)} x {_cell_name(m)} done ({len(results)}/{len(cells)})")
+    rows, verdicts = [], []
+    for ds, m, _ in cells:
+        r = results[(ds, m)]
+        for e in r["extraction"]:
+            rows.append({"dataset": ds, "model": m, **e})
+        for h in r["hypothesis"]:
+            if h["suspect"] == "@target":
+                verdicts.append({"dataset": ds, "model": m, **h})
+    report = {
+        "pipeline": "memhunter",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "sweep": {
+            "datasets": list(cfg.sweep.datasets),
+            "models": list(cfg.sweep.models),
+            "cells": [f"{_cell_name(d)}__{_cell_name(m)}" for d, m, _ in cells],
+        },  # fmt: skip
+        "extraction": rows,
+        "hypothesis": verdicts,
+        "model": {"target": "sweep", "hunter": cfg.hunter.model},
+        "notes": [
+            "One cell per dataset and model: a hunter trained for that model on that dataset, "
+            "then extraction and the dataset-level tests (suspect: the cell's model). Rows "
+            "carry their cell's dataset and model; each cell's own report is under cells/."
+        ],
+        "runtime": describe(),
+    }
+    write_json(out / "report.json", report)
+    from mia_ray.reports.memhunter import render_memhunter_report
+
+    render_memhunter_report(report, out / "report.html")
+    return report
+
+
 @pipeline("memhunter", MemHunterJobConfig, help="MemHunter: extract memorized text, test a dataset")
 def run(cfg: MemHunterJobConfig, out: Path) -> dict:
+    if cfg.sweep.datasets:
+        return _sweep(copy.deepcopy(cfg), out)
     return _run(copy.deepcopy(cfg), out)

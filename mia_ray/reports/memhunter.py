@@ -74,13 +74,65 @@ def _extraction_table(rows: Sequence[Mapping[str, Any]], split: str) -> str:
     )
 
 
+def _sweep_tables(report: Mapping[str, Any]) -> str:
+    """One row per cell: MemHunter at its largest k and Manual on the test split, and the
+    one-sided Welch verdict; then every row of every cell."""
+    rows = report.get("extraction", [])
+    welch = {
+        (h["dataset"], h["model"]): h
+        for h in report.get("hypothesis", [])
+        if str(h.get("test", "")).startswith("one-sided Welch")
+    }
+    cells = list(dict.fromkeys((r["dataset"], r["model"]) for r in rows))
+    body = []
+    for ds, m in cells:
+        mine = [r for r in rows if (r["dataset"], r["model"]) == (ds, m) and r["split"] == "test"]
+        mem = [r for r in mine if r["method"] == "memhunter"]
+        best = max(mem, key=lambda r: r["trials"]) if mem else {}
+        man = next((r for r in mine if r["method"] == "manual"), {})
+        w = welch.get((ds, m), {})
+        body.append(
+            [ds, m, fmt_pct(best.get("avg_lcss")), fmt_pct(best.get("hit_rate")),
+             fmt_pct(man.get("avg_lcss")), fmt_num(w.get("p_value"), 4), w.get("verdict", "—")]
+        )  # fmt: skip
+    summary = table_html(
+        body,
+        ["dataset", "model", "MemHunter Avg LCSS", "Hit Rate", "Manual Avg LCSS",
+         "Welch p", "verdict"],
+        caption="test split; MemHunter at its largest k",
+    )  # fmt: skip
+    detail = table_html(
+        [
+            [
+                r["dataset"],
+                r["model"],
+                r["method"],
+                r["split"],
+                "—" if r.get("trials") is None else str(int(r["trials"])),
+                fmt_num(r["seconds"], 1),
+                fmt_pct(r["avg_lcss"]),
+                fmt_pct(r["hit_rate"]),
+            ]
+            for r in rows
+        ],  # fmt: skip
+        ["dataset", "model", "method", "split", "k", "seconds", "Avg LCSS", "Hit Rate"],
+    )
+    return summary + detail
+
+
 def render_memhunter_report(report: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
     rows = report.get("extraction", [])
     splits = list(dict.fromkeys(r["split"] for r in rows))
     sections: list[tuple[str, str]] = [("How to read this", paragraph(HOW_TO_READ))]
-    sections.append(
-        ("Extraction against the time budget", "".join(_extraction_table(rows, s) for s in splits))
-    )
+    if "sweep" in report:
+        sections.append(("Sweep: datasets x models", _sweep_tables(report)))
+    else:
+        sections.append(
+            (
+                "Extraction against the time budget",
+                "".join(_extraction_table(rows, s) for s in splits),
+            )
+        )
     png = lcss_histogram(report.get("lcss_by_method", {}))
     if png:
         sections.append(("LCSS per method", img_html(png, "histogram of mu per method")))

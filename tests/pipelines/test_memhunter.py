@@ -152,3 +152,42 @@ def test_notebook_redraws_the_tables_from_the_run(run, monkeypatch):
     assert "one-sided Welch" in text and "H0:" in text
     png = out / "memhunter_lcss.png"
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
+
+
+def test_sweep_runs_every_cell_once_and_a_rerun_skips_them(tmp_path, ray_local, test_world, capfd):
+    out = tmp_path / "sweep"
+    args = [
+        "memhunter", "--config", "jobs/memhunter_demo.yaml",
+        "--set", "world.scale=test", "--set", f"world.root={test_world['root']}",
+        "--set", "world.target=",
+        "--set", 'sweep.datasets=["@world:books", "@world:web"]',
+        "--set", 'sweep.models=["@world:tiny", "@world:tiny-random"]',
+        "--set", "pairs.prefix_tokens=16", "--set", "pairs.target_tokens=16",
+        "--set", "pairs.max_per_split=3", "--set", "hunter.iterations=1",
+        "--set", "hunter.prompt_tokens=2", "--set", "extraction.trials=[1,2]",
+        "--set", "extraction.splits=[test]", "--set", "extraction.methods=[manual]",
+        "--set", "dataset_test.trials=1", "--set", 'dataset_test.proxy="@target"',
+        "--out", str(out),
+    ]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    rows = pd.DataFrame(report["extraction"])
+    cells = {(d, m) for d, m in zip(rows["dataset"], rows["model"], strict=True)}
+    assert cells == {
+        (d, m)
+        for d in ("@world:books", "@world:web")
+        for m in ("@world:tiny", "@world:tiny-random")
+    }
+    assert set(rows["method"]) == {"memhunter", "manual"}
+    for name in report["sweep"]["cells"]:
+        cell = json.loads((out / "cells" / name / "report.json").read_text())
+        src = "books" if name.startswith("books") else "web"
+        pairs = pd.read_parquet(out / "cells" / name / "pairs.parquet")
+        # A cell's dataset is one source of the world: its pairs come from that source only.
+        assert pairs["doc_id"].str.startswith(f"{src}/").all()
+        assert cell["hypothesis"][0]["suspect"] == "@target"
+    assert "Sweep: datasets x models" in (out / "report.html").read_text()
+    capfd.readouterr()
+    assert main(args) == 0
+    assert "sweep: 4 cells, 4 done" in capfd.readouterr().err
+    assert json.loads((out / "report.json").read_text())["extraction"] == report["extraction"]
