@@ -12,7 +12,7 @@ OUT ?= runs/copycheck-demo
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup demo attack-demo lumia-demo test lint bench clean-world
+.PHONY: setup demo attack-demo lumia-demo memhunter-demo test lint bench clean-world
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,9 @@ attack-demo: setup
 lumia-demo: setup
 	$(VENV)/bin/mia-ray lumia --config jobs/lumia_demo.yaml --out runs/lumia-demo
 
+memhunter-demo: setup
+	$(VENV)/bin/mia-ray memhunter --config jobs/memhunter_demo.yaml --out runs/memhunter-demo
+
 test: setup
 	$(VENV)/bin/python -m pytest -q
 
@@ -45,3 +48,4 @@ bench: setup
 	$(VENV)/bin/python bench/scorer_bench.py --target smollm2 --n-snippets 32 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/copycheck_bench.py --scale demo --n-unseen 10 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/lumia_bench.py --target smollm2 --n-samples 96 --out BENCHMARKS.md
+	$(VENV)/bin/python bench/memhunter_bench.py --target smollm2 --pairs 12 --trials 5 --out BENCHMARKS.md

@@ -195,7 +195,7 @@ def _extract(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path, ad
         part = pairs[pairs["split"] == split]
         if part.empty:
             continue
-        f = out / "extraction" / f"{split}-{fp}.parquet"
+        f = out / "extraction" / f"{split}-{fingerprint(fp, list(part['pair_id']))}.parquet"
         if f.exists():
             frames.append(pd.read_parquet(f))
             continue
@@ -531,6 +531,28 @@ def _dataset_test(cfg, hunter, pairs: pd.DataFrame, docs_by_label, out: Path):
     return out_rows, means, {k: v.tolist() for k, v in lcss.items()}
 
 
+def _check_resources(cfg: MemHunterJobConfig) -> None:
+    """The target actors stay up while the hunter's fine-tune task runs: both must fit at once,
+    or the fine-tune would wait for CPUs forever."""
+    import ray
+
+    res, h = cfg.resources, cfg.hunter
+    total = ray.cluster_resources()
+    for kind, per_actor, train in (
+        ("CPU", res.cpus_per_actor, h.train_cpus),
+        ("GPU", res.gpus_per_actor, h.train_gpus),
+    ):
+        need = max(1, res.scorer_actors) * per_actor + train
+        if need > total.get(kind, 0) + 1e-9:
+            raise MiaError(
+                f"resources: {max(1, res.scorer_actors)} target actors x {per_actor:g} {kind}s + "
+                f"the hunter's fine-tune ({train:g}) need {need:g} {kind}s, but Ray has "
+                f"{total.get(kind, 0):g}: lower resources.scorer_actors, "
+                f"resources.{'cpus' if kind == 'CPU' else 'gpus'}_per_actor or "
+                f"hunter.train_{'cpus' if kind == 'CPU' else 'gpus'}"
+            )
+
+
 def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
 
     from mia_ray.actors.hunter import Hunter
@@ -548,6 +570,7 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
     if counts.get("train", 0) < 1 or counts.get("test", 0) < 1:
         raise MiaError(f"pairs: need train and test pairs of members, got {counts}")
     write_parquet(out / "pairs.parquet", pairs)
+    _check_resources(cfg)
     target = TargetPool(cfg.model.name_or_path, cfg)
     try:
         threads = cfg.resources.torch_threads or 1
@@ -565,8 +588,9 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
         outputs = [trials.assign(method="memhunter")]
         methods = cfg.extraction.methods
         # Wall-clock-budgeted results cannot be recomputed identically: a rerun reads them back.
+        # MiniPrompt's budgets and the plug-in's pre-search come from MemHunter's timed rows.
         fp = fingerprint(to_dict(cfg.extraction), to_dict(cfg.pairs), cfg.model.name_or_path,
-                         list(pairs["pair_id"]), training["adapter"])  # fmt: skip
+                         list(pairs["pair_id"]), training["adapter"], extraction)  # fmt: skip
         if "manual" in methods:
             rows, frame = _stage(out, "manual", fp, lambda: _manual(cfg, target, pairs))
             extraction += rows

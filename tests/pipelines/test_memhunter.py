@@ -167,9 +167,13 @@ def test_sweep_runs_every_cell_once_and_a_rerun_skips_them(tmp_path, ray_local, 
         "--set", "hunter.prompt_tokens=2", "--set", "extraction.trials=[1,2]",
         "--set", "extraction.splits=[test]", "--set", "extraction.methods=[manual]",
         "--set", "dataset_test.trials=1", "--set", 'dataset_test.proxy="@target"',
+        # Half a CPU per actor and fine-tune: two cells fit side by side on 2 CPUs.
+        "--set", "resources.cpus_per_actor=0.5", "--set", "hunter.train_cpus=0.5",
+        "--set", "resources.torch_threads=1",
         "--out", str(out),
     ]  # fmt: skip
     assert main(args) == 0
+    assert "sweep: 4 cells, 0 done, 2 at a time" in capfd.readouterr().err
     report = json.loads((out / "report.json").read_text())
     rows = pd.DataFrame(report["extraction"])
     cells = {(d, m) for d, m in zip(rows["dataset"], rows["model"], strict=True)}
@@ -191,3 +195,13 @@ def test_sweep_runs_every_cell_once_and_a_rerun_skips_them(tmp_path, ray_local, 
     assert main(args) == 0
     assert "sweep: 4 cells, 4 done" in capfd.readouterr().err
     assert json.loads((out / "report.json").read_text())["extraction"] == report["extraction"]
+
+
+def test_target_actors_that_leave_no_cpu_for_the_fine_tune_fail_clearly(
+    tmp_path, ray_local, test_world, capsys
+):
+    code = main(_args(test_world, tmp_path / "r", "--set", "resources.scorer_actors=2"))
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "2 target actors x 1 CPUs + the hunter's fine-tune (1) need 3 CPUs, but Ray has 2" in err
+    assert "Traceback" not in err

@@ -164,3 +164,43 @@ def test_other_settings_in_the_same_folder_are_refused(tmp_path):
     train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(), tmp_path, spec)
     with pytest.raises(MiaError, match="other settings or pairs"):
         train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(2), tmp_path, spec)
+
+
+@pytest.mark.slow
+def test_real_models_resume_to_the_same_pool_and_adapter(tmp_path, test_world):
+    """The test world's tiny as the target, its tiny-ref as the hunter: a training stopped
+    after its first iteration and resumed ends with the pool and adapter of an unbroken one."""
+    import json
+    from pathlib import Path
+
+    from mia_ray.actors.hunter import Hunter
+    from mia_ray.actors.target import TargetLM
+    from mia_ray.data.pairs import make_pairs
+    from mia_ray.train.hunter import finetune_hunter
+
+    paths = test_world["targets"]["tiny"]
+    docs = [json.loads(x) for x in Path(test_world["documents"]).read_text().splitlines()][:6]
+    target = TargetLM(paths["model"], torch_threads=1)
+    pairs = make_pairs([(d["id"], d["text"]) for d in docs], target.tok, 16, 16)
+    xs = dict(zip(pairs["pair_id"], pairs["x"], strict=True))
+    spec = HunterSpec(prompt_tokens=3, top_k=4, beams=2, iterations=2, epochs=2, batch_size=4)
+
+    def finetune(adapter_in, rows, out_dir, seed):
+        return finetune_hunter(
+            paths["reference"], adapter_in, rows, out_dir, spec, seed, xs, threads=1
+        )
+
+    def run(out, **kw):
+        hunter = Hunter(paths["reference"], torch_threads=1)
+        return train_hunter(hunter, target.score, finetune, pairs, out, spec, **kw)
+
+    run(tmp_path / "a")
+    run(tmp_path / "b", stop_after=0)
+    run(tmp_path / "b")
+    for i in range(2):
+        a = pd.read_parquet(tmp_path / "a" / f"iter-{i:02d}" / "pool.parquet")
+        b = pd.read_parquet(tmp_path / "b" / f"iter-{i:02d}" / "pool.parquet")
+        pd.testing.assert_frame_equal(a, b)
+    wa = (tmp_path / "a" / "iter-01" / "adapter" / "adapter_model.safetensors").read_bytes()
+    wb = (tmp_path / "b" / "iter-01" / "adapter" / "adapter_model.safetensors").read_bytes()
+    assert wa == wb
