@@ -486,6 +486,8 @@ class ExtractionConfig:
     trials: list[int] = field(default_factory=lambda: [5, 10, 20, 30])
     splits: list[str] = field(default_factory=lambda: ["test", "val", "nonmember"])
     methods: list[str] = field(default_factory=lambda: ["manual", "miniprompt", "plugin"])
+    # MiniPrompt costs MemHunter's whole wall clock again: run it where the comparison matters.
+    miniprompt_splits: list[str] = field(default_factory=lambda: ["test"])
     gcg_prompt_tokens: int = 8  # MiniPrompt / GCG: prompt length in the target's tokens
     gcg_top_k: int = 64  # substitutes per position from the gradient (Zou et al.: 256)
     gcg_candidates: int = 32  # candidates per step (Zou et al.: 512)
@@ -509,6 +511,11 @@ class ExtractionConfig:
         if bad:
             raise MiaError(
                 f"extraction.methods: unknown {bad[0]!r} (known: manual, miniprompt, plugin)"
+            )
+        extra = sorted(set(self.miniprompt_splits) - set(self.splits))
+        if extra:
+            raise MiaError(
+                f"extraction.miniprompt_splits: {extra[0]!r} is not in extraction.splits"
             )
         if "plugin" in self.methods and "test" not in self.splits:
             raise MiaError(

@@ -293,7 +293,7 @@ def _miniprompt(
     e = cfg.extraction
     allowed = target.allowed()
     rows, frames = [], []
-    for split in e.splits:
+    for split in e.miniprompt_splits:
         part = pairs[pairs["split"] == split]
         mine = [r for r in mem_rows if r["split"] == split and r["method"] == "memhunter"]
         if part.empty or not mine:
@@ -432,9 +432,11 @@ def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[st
     alias = {"@target": cfg.model.name_or_path, "@reference": cfg.model.reference}
     names = [*d.suspects, d.reference, d.proxy]
     paths: dict[str, str] = {}
-    task = ray.remote(_finetune_model_task).options(
-        num_cpus=cfg.hunter.train_cpus, num_gpus=cfg.hunter.train_gpus
-    )
+    # The target actors are gone by now: a fine-tune may take what they and the hunter held.
+    res = cfg.resources
+    cpus = max(1, res.scorer_actors) * res.cpus_per_actor + cfg.hunter.train_cpus
+    threads = max(1, int(cpus))
+    task = ray.remote(_finetune_model_task).options(num_cpus=cpus, num_gpus=cfg.hunter.train_gpus)
     for name in dict.fromkeys(names):
         if name in alias:
             if not alias[name]:
@@ -452,7 +454,9 @@ def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[st
                 texts = docs_by_label[1 if which == "members" else 0]
                 log(f"dataset test: fine-tuning {base} on {len(texts)} {which} documents")
                 tmp = dest.with_name(dest.name + ".tmp")
-                ray.get(task.remote(texts, base, str(tmp), d.finetune_epochs, d.finetune_seed, 1))
+                ray.get(
+                    task.remote(texts, base, str(tmp), d.finetune_epochs, d.finetune_seed, threads)
+                )
                 tmp.replace(dest)
             paths[name] = str(dest)
         elif name.startswith("@"):
@@ -528,7 +532,14 @@ def _dataset_test(cfg, hunter, pairs: pd.DataFrame, docs_by_label, out: Path):
                 }
             )
     means = {name: float(v.mean()) for name, v in lcss.items()}
-    return out_rows, means, {k: v.tolist() for k, v in lcss.items()}
+    # Power: a proxy that did train on the data must itself beat the reference, or these
+    # samples cannot tell training from no training and "no evidence" means little.
+    try:
+        power = welch_greater(proxy.to_numpy(), ref.to_numpy(), alpha=d.alpha)
+    except MiaError as e:
+        power = {"p_value": None, "verdict": f"undefined: {e}"}
+    power = {"proxy": d.proxy, "reference": d.reference, **power}
+    return out_rows, means, {k: v.tolist() for k, v in lcss.items()}, power
 
 
 def _check_resources(cfg: MemHunterJobConfig) -> None:
@@ -609,7 +620,9 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
             plugin = per_pair.to_dict("records")
     finally:
         target.close()
-    hypothesis, lcss_means, lcss_values = _dataset_test(cfg, hunter, pairs, docs_by_label, out)
+    hypothesis, lcss_means, lcss_values, power = _dataset_test(
+        cfg, hunter, pairs, docs_by_label, out
+    )
     write_parquet(out / "extraction.parquet", pd.DataFrame(extraction))
     cols = ["method", "split", "pair_id", "mu"]
     write_parquet(
@@ -639,10 +652,11 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
             },
             "mean_lcss": lcss_means,
             "lcss": lcss_values,
+            "power_check": power,
         },
         "lcss_by_method": _lcss_by_method(outputs),
         "examples": _examples(trials, pairs, outputs, tok),
-        "notes": _notes(cfg),
+        "notes": _notes(cfg, power),
         "runtime": describe(),
     }
     write_json(out / "report.json", report)
@@ -689,9 +703,20 @@ def _examples(trials: pd.DataFrame, pairs: pd.DataFrame, outputs, tok, n: int = 
     return rows
 
 
-def _notes(cfg: MemHunterJobConfig) -> list[str]:
+def _notes(cfg: MemHunterJobConfig, power: dict) -> list[str]:
     h, e = cfg.hunter, cfg.extraction
+    weak = []
+    if power.get("p_value") is None or power["p_value"] >= cfg.dataset_test.alpha:
+        p = power.get("p_value")
+        weak.append(
+            f"Power check failed: the proxy, which trained on the dataset, does not recover "
+            f"more than the reference either (one-sided Welch p = "
+            f"{'undefined' if p is None else f'{p:.3f}'}). On these samples LCSS cannot tell "
+            "training from no training, so 'no evidence of memorization' is not evidence that "
+            "a suspect did not train on the data; use more samples or longer continuations."
+        )
     return [
+        *weak,
         "mu = LCSS(output, y) / |y| on the target's tokens; Avg LCSS is the mean over pairs of "
         "the best mu among k prompts, Hit Rate the share of pairs with mu = 1.",
         f"Hunter training: {h.iterations} iterations, beam search with top-{h.top_k} and "

@@ -169,6 +169,7 @@ def render_memhunter_report(report: Mapping[str, Any], out_path: str | os.PathLi
             for r in hyp
         ]
         means = report.get("dataset_test", {}).get("mean_lcss", {})
+        power = report.get("dataset_test", {}).get("power_check") or {}
         sections.append(
             (
                 "Did the suspect train on the dataset?",
@@ -177,6 +178,10 @@ def render_memhunter_report(report: Mapping[str, Any], out_path: str | os.PathLi
                     [[k, fmt_pct(v)] for k, v in means.items()],
                     ["model", "mean LCSS"],
                     caption="each model's best mu over the same hunter prompts, test split",
+                )
+                + paragraph(
+                    f"Power check (the proxy against the reference, one-sided Welch): "
+                    f"p = {fmt_num(power.get('p_value'), 4)}, {power.get('verdict', '—')}."
                 ),
             )
         )
