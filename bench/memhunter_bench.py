@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import platform
 import sys
@@ -41,7 +42,7 @@ def main() -> None:
     from mia_ray.models.hf import load_tokenizer
     from mia_ray.pipelines import memhunter
     from mia_ray.runtime import configure_data_context, connect
-    from mia_ray.train.hunter import HunterSpec, pair_seed, train_hunter
+    from mia_ray.train.hunter import pair_seed, train_hunter
 
     cpus = os.cpu_count() or 2
     connect(address="", num_cpus=cpus)
@@ -65,10 +66,7 @@ def main() -> None:
         prompts = hunter.sample(list(test["x"]), h.prompt_tokens, h.sample_top_k, 1.0, seeds)
         rows.append(test.assign(prompt=[hunter.decode(p) for p in prompts], trial=j))
     probes = pd.concat(rows, ignore_index=True)[["pair_id", "trial", "prompt", "x_ids", "y_ids"]]
-    spec = HunterSpec(
-        prompt_tokens=h.prompt_tokens, top_k=h.top_k, beams=h.beams, iterations=1,
-        epochs=h.epochs, lr=h.lr,
-    )  # fmt: skip
+    spec = dataclasses.replace(h, iterations=1)
     work = Path(tempfile.mkdtemp(prefix="memhunter-bench-"))
     runs = []
     for actors in (1, 2):

@@ -105,7 +105,9 @@ class TargetPool:
 
     def frame(self, rows: pd.DataFrame) -> pd.DataFrame:
         """Rows with prompt or prompt_ids, x_ids, y_ids -> plus out_ids, mu, loss (in order)."""
-        chunks = [rows.iloc[i : i + self.batch] for i in range(0, len(rows), self.batch)]
+        # Batches of at most model.batch_size, and at least one per actor when rows are few.
+        size = max(1, min(self.batch, -(-len(rows) // len(self.actors))))
+        chunks = [rows.iloc[i : i + size] for i in range(0, len(rows), size)]
         out = list(self.pool.map(lambda a, c: a.__call__.remote(c), chunks))
         return pd.concat(out, ignore_index=True) if out else rows.iloc[:0]
 
@@ -144,25 +146,10 @@ def _finetune_task(model, adapter_in, rows, out_dir, spec, seed, xs, separator, 
 def _train(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path) -> dict:
     import ray
 
-    from mia_ray.train.hunter import HunterSpec, train_hunter
+    from mia_ray.train.hunter import train_hunter
 
     h = cfg.hunter
-    spec = HunterSpec(
-        prompt_tokens=h.prompt_tokens,
-        top_k=h.top_k,
-        beams=h.beams,
-        temperature=h.temperature,
-        loss_weight=h.loss_weight,
-        pool_size=h.pool_size,
-        rejection=h.rejection,
-        iterations=h.iterations,
-        lora_r=h.lora_r,
-        lora_alpha=h.lora_alpha,
-        epochs=h.epochs,
-        lr=h.lr,
-        batch_size=h.batch_size,
-        seed=h.seed,
-    )
+    spec = h
     train = pairs[pairs["split"] == "train"]
     xs = dict(zip(train["pair_id"], train["x"], strict=True))
     task = ray.remote(_finetune_task).options(num_cpus=h.train_cpus, num_gpus=h.train_gpus)

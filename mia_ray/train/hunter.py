@@ -21,38 +21,17 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from mia_ray.config import HunterConfig
 from mia_ray.errors import MiaError
 
 Score = Callable[[list[str], list[list[int]], list[list[int]]], tuple[np.ndarray, np.ndarray]]
-
-
-@dataclass(frozen=True)
-class HunterSpec:
-    """Defaults are the paper's (Appendix A): top-k 48, 4 beams, pool 256, 10 iterations,
-    LoRA r 8 / alpha 16, 8 epochs, lr 5e-4. ``temperature`` and ``loss_weight`` shape the beam
-    selection softmax over mu - loss_weight * loss; the paper gives neither (ours)."""
-
-    prompt_tokens: int = 8
-    top_k: int = 48
-    beams: int = 4
-    temperature: float = 0.1
-    loss_weight: float = 0.1
-    pool_size: int = 256
-    rejection: bool = True
-    iterations: int = 10
-    lora_r: int = 8
-    lora_alpha: int = 16
-    epochs: int = 8
-    lr: float = 5e-4
-    batch_size: int = 8
-    seed: int = 0
 
 
 def pair_seed(seed: int, *keys: Any) -> int:
@@ -77,7 +56,7 @@ def beam_search(
     hunter,
     score: Score,
     pairs: pd.DataFrame,
-    spec: HunterSpec,
+    spec: HunterConfig,
     iteration: int = 0,
 ) -> pd.DataFrame:
     """Algorithm 3 for every pair in lockstep (one ``score`` call per step for all pairs).
@@ -206,7 +185,7 @@ def train_hunter(
     finetune: Callable[[str, pd.DataFrame, str, int], dict],
     pairs: pd.DataFrame,
     out: Path,
-    spec: HunterSpec,
+    spec: HunterConfig,
     stop_after: int | None = None,
 ) -> dict[str, Any]:
     """Algorithm 1 over ``pairs`` (the training split); checkpoints in ``out/iter-XX``.
@@ -219,7 +198,10 @@ def train_hunter(
     from mia_ray.reports.io import read_json, write_json, write_parquet
 
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"spec": asdict(spec), "pairs": sorted(pairs["pair_id"])}
+    # What shapes the training, not where it runs or how extraction samples later.
+    skip = ("train_cpus", "train_gpus", "sample_top_k", "sample_temperature")
+    recipe = {k: v for k, v in asdict(spec).items() if k not in skip}
+    settings = {"spec": recipe, "pairs": sorted(pairs["pair_id"])}
     meta = out / "settings.json"
     if meta.exists() and read_json(meta) != settings:
         raise MiaError(
@@ -297,7 +279,7 @@ def finetune_hunter(
     adapter_in: str,
     rows: pd.DataFrame,
     out_dir: str,
-    spec: HunterSpec,
+    spec: HunterConfig,
     seed: int,
     x_texts: dict[str, str],
     separator: str = "\n",

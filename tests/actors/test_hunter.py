@@ -47,11 +47,12 @@ def test_sampled_prompts_depend_on_the_seed_not_on_the_batch(hunter):
 def test_finetuned_adapter_makes_the_pool_prompts_likely(hunter, hunter_path, tmp_path):
     import torch
 
-    from mia_ray.train.hunter import HunterSpec, finetune_hunter
+    from mia_ray.config import HunterConfig
+    from mia_ray.train.hunter import finetune_hunter
 
     prompts = [[464, 3290, 318, 257], [40, 716, 407, 534], [1212, 318, 262, 995]]
     pool = pd.DataFrame({"pair_id": ["a", "b", "c"], "prompt_ids": prompts})
-    spec = HunterSpec(epochs=30, lr=5e-3, batch_size=3)
+    spec = HunterConfig(epochs=30, lr=5e-3, batch_size=3)
     xs = dict(zip(["a", "b", "c"], XS, strict=True))
 
     def logprob():

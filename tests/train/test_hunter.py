@@ -5,8 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mia_ray.config import HunterConfig
 from mia_ray.errors import MiaError
-from mia_ray.train.hunter import HunterSpec, beam_search, train_hunter, update_pool
+from mia_ray.train.hunter import beam_search, train_hunter, update_pool
 
 SECRET = [3, 1, 4, 1, 5]
 
@@ -53,7 +54,7 @@ def _pairs(n=3):
 
 def test_beam_search_keeps_the_best_candidate_it_scored():
     # With all 10 next tokens proposed, a greedy choice of mu finds SECRET itself.
-    spec = HunterSpec(prompt_tokens=5, top_k=10, beams=10, temperature=1e-4, loss_weight=0.0)
+    spec = HunterConfig(prompt_tokens=5, top_k=10, beams=10, temperature=1e-4, loss_weight=0.0)
     found = beam_search(CountingHunter(), secret_score, _pairs(2), spec)
     assert list(found["pair_id"]) == ["d0#0", "d1#0"]
     for _, r in found.iterrows():
@@ -65,7 +66,7 @@ def test_beam_search_keeps_the_best_candidate_it_scored():
 
 
 def test_beam_search_is_seeded_per_pair_and_iteration():
-    spec = HunterSpec(prompt_tokens=3, top_k=2, beams=2, temperature=1.0)
+    spec = HunterConfig(prompt_tokens=3, top_k=2, beams=2, temperature=1.0)
     a = beam_search(CountingHunter(), secret_score, _pairs(3), spec, iteration=0)
     b = beam_search(CountingHunter(), secret_score, _pairs(3).iloc[::-1], spec, iteration=0)
     b = b.set_index("pair_id").loc[a["pair_id"]].reset_index()
@@ -76,7 +77,7 @@ def test_beam_search_is_seeded_per_pair_and_iteration():
 
 def test_beam_search_refuses_a_one_token_prompt():
     with pytest.raises(MiaError, match="prompt_tokens must be at least 2"):
-        beam_search(CountingHunter(), secret_score, _pairs(1), HunterSpec(prompt_tokens=1))
+        beam_search(CountingHunter(), secret_score, _pairs(1), HunterConfig(prompt_tokens=1))
 
 
 def _found(rows):
@@ -128,7 +129,7 @@ def _fake_finetune(log):
 
 
 def test_interrupted_training_resumes_to_the_same_pool(tmp_path):
-    spec = HunterSpec(prompt_tokens=3, top_k=3, beams=2, iterations=3, temperature=0.5)
+    spec = HunterConfig(prompt_tokens=3, top_k=3, beams=2, iterations=3, temperature=0.5)
     log_full, log_resumed = [], []
     full = train_hunter(
         CountingHunter(), secret_score, _fake_finetune(log_full), _pairs(), tmp_path / "a", spec
@@ -160,7 +161,7 @@ def test_interrupted_training_resumes_to_the_same_pool(tmp_path):
 
 
 def test_other_settings_in_the_same_folder_are_refused(tmp_path):
-    spec = HunterSpec(prompt_tokens=2, top_k=2, beams=1, iterations=1)
+    spec = HunterConfig(prompt_tokens=2, top_k=2, beams=1, iterations=1)
     train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(), tmp_path, spec)
     with pytest.raises(MiaError, match="other settings or pairs"):
         train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(2), tmp_path, spec)
@@ -183,7 +184,7 @@ def test_real_models_resume_to_the_same_pool_and_adapter(tmp_path, test_world):
     target = TargetLM(paths["model"], torch_threads=1)
     pairs = make_pairs([(d["id"], d["text"]) for d in docs], target.tok, 16, 16)
     xs = dict(zip(pairs["pair_id"], pairs["x"], strict=True))
-    spec = HunterSpec(prompt_tokens=3, top_k=4, beams=2, iterations=2, epochs=2, batch_size=4)
+    spec = HunterConfig(prompt_tokens=3, top_k=4, beams=2, iterations=2, epochs=2, batch_size=4)
 
     def finetune(adapter_in, rows, out_dir, seed):
         return finetune_hunter(
