@@ -436,9 +436,10 @@ def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[st
                     f"dataset_test: {name}: use @finetune:members or @finetune:nonmembers"
                 )
             base = alias.get(d.base, d.base)
-            dest = out / "models" / f"finetune-{which}"
+            texts = docs_by_label[1 if which == "members" else 0]
+            key = fingerprint(base, d.finetune_epochs, d.finetune_seed, texts)
+            dest = out / "models" / f"finetune-{which}-{key}"
             if not (dest / "training.json").is_file():
-                texts = docs_by_label[1 if which == "members" else 0]
                 log(f"dataset test: fine-tuning {base} on {len(texts)} {which} documents")
                 tmp = dest.with_name(dest.name + ".tmp")
                 ray.get(
