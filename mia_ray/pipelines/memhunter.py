@@ -458,7 +458,7 @@ def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[st
     return paths
 
 
-def _dataset_test(cfg, hunter, pairs: pd.DataFrame, docs_by_label, out: Path):
+def _dataset_test(cfg, hunter, pairs: pd.DataFrame, trials: pd.DataFrame, docs_by_label, out: Path):
     """Each model's LCSS on the test pairs (best of ``trials`` hunter prompts, the same prompts
     for every model), then per suspect: the paper's t-test vs the proxy (reported as the
     paper's), the one-sided Welch test vs the reference, and the TOST against the proxy."""
@@ -470,25 +470,37 @@ def _dataset_test(cfg, hunter, pairs: pd.DataFrame, docs_by_label, out: Path):
     if len(part) < 2:
         raise MiaError(f"dataset_test: the {d.split} split has {len(part)} pairs; need at least 2")
     paths = _model_paths(cfg, docs_by_label, out)
-    rows = []
-    for j in range(d.trials):
-        seeds = [pair_seed(cfg.extraction.seed, "trial", p, j) for p in part["pair_id"]]
-        prompts = hunter.sample(
-            list(part["x"]), cfg.hunter.prompt_tokens, cfg.hunter.sample_top_k,
-            cfg.hunter.sample_temperature, seeds,
-        )  # fmt: skip
-        rows.append(part.assign(prompt=[hunter.decode(p) for p in prompts], trial=j))
-    probes = pd.concat(rows, ignore_index=True)[["pair_id", "trial", "prompt", "x_ids", "y_ids"]]
+    # Extraction sampled these very prompts (same seeds) and scored them on the target:
+    # reuse both rather than sample and score them again.
+    done = trials[(trials["split"] == d.split) & (trials["trial"] < d.trials)]
+    if done["trial"].nunique() == d.trials:
+        probes = done[["pair_id", "trial", "prompt", "mu"]].merge(
+            part[["pair_id", "x_ids", "y_ids"]], on="pair_id"
+        )
+    else:
+        rows = []
+        for j in range(d.trials):
+            seeds = [pair_seed(cfg.extraction.seed, "trial", p, j) for p in part["pair_id"]]
+            prompts = hunter.sample(
+                list(part["x"]), cfg.hunter.prompt_tokens, cfg.hunter.sample_top_k,
+                cfg.hunter.sample_temperature, seeds,
+            )  # fmt: skip
+            rows.append(part.assign(prompt=[hunter.decode(p) for p in prompts], trial=j))
+        probes = pd.concat(rows, ignore_index=True)
+    probes = probes.sort_values(["pair_id", "trial"]).reset_index(drop=True)
     lcss: dict[str, pd.Series] = {}
     for name, path in dict.fromkeys(paths.items()):
-        f = out / "dataset_test" / f"{fingerprint(path)}.parquet"
-        if f.exists():
+        f = out / "dataset_test" / f"{fingerprint(path, list(probes['prompt']))}.parquet"
+        if path == cfg.model.name_or_path and "mu" in probes:
+            res = probes[["pair_id", "trial", "mu"]]
+        elif f.exists():
             res = pd.read_parquet(f)
         else:
             log(f"dataset test: LCSS of {name} ({path})")
             pool = TargetPool(path, cfg)
             try:
-                res = pool.frame(probes)[["pair_id", "trial", "mu"]]
+                cols = ["pair_id", "trial", "prompt", "x_ids", "y_ids"]
+                res = pool.frame(probes[cols])[["pair_id", "trial", "mu"]]
             finally:
                 pool.close()
             from mia_ray.reports.io import write_parquet
@@ -609,7 +621,7 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
     finally:
         target.close()
     hypothesis, lcss_means, lcss_values, power = _dataset_test(
-        cfg, hunter, pairs, docs_by_label, out
+        cfg, hunter, pairs, trials, docs_by_label, out
     )
     write_parquet(out / "extraction.parquet", pd.DataFrame(extraction))
     cols = ["method", "split", "pair_id", "mu"]
