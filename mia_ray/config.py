@@ -541,15 +541,17 @@ class DatasetTestConfig:
     alpha: float = 0.05
     margin: float = 0.05  # TOST: |mean LCSS difference| below this counts as equivalent
     finetune_epochs: float = 3.0
+    finetune_lr: float = 1e-3
     finetune_seed: int = 1
     split: str = "test"
 
     def validate(self) -> None:
         if self.split not in ("train", "test", "val"):
             raise MiaError(f"dataset_test.split must be train, test or val, not {self.split!r}")
-        if not 0 < self.alpha < 1 or self.margin <= 0 or self.trials < 1:
+        if not 0 < self.alpha < 1 or self.margin <= 0 or self.trials < 1 or self.finetune_lr <= 0:
             raise MiaError(
-                "dataset_test.alpha must lie in (0, 1); margin and trials must be positive"
+                "dataset_test.alpha must lie in (0, 1); margin, trials and finetune_lr must be "
+                "positive"
             )
 
 

@@ -155,5 +155,7 @@ def test_memhunter_config_errors_name_the_key():
         load_config(MemHunterJobConfig, None, ["world.target=tiny", "extraction.splits=[dev]"])
     with pytest.raises(MiaError, match=r"pairs.splits must be three positive shares"):
         load_config(MemHunterJobConfig, None, ["world.target=tiny", "pairs.splits=[0.5,0.5]"])
+    with pytest.raises(MiaError, match=r"margin, trials and finetune_lr must be positive"):
+        load_config(MemHunterJobConfig, None, ["world.target=tiny", "dataset_test.finetune_lr=0"])
     with pytest.raises(MiaError, match=r"hunter.model is empty"):
         load_config(MemHunterJobConfig, None, ["data.path=x", "model.name_or_path=y"])

@@ -95,7 +95,10 @@ SCALES: dict[str, WorldScale] = {
         ),
         smollm2_docs=48,
         smollm2_max_words=100,
-        smollm2=FinetuneSpec(epochs=3.0),
+        # Measured on 2 cores: 4 epochs at 3e-3 leave greedy mu 0.54 on member leads (4 of 24
+        # recovered in full from the first 32 tokens) and 0.08 on non-members: memorised, with
+        # room for prompts to help; 8 epochs recover every member in full, 3 at 1e-3 almost none.
+        smollm2=FinetuneSpec(epochs=4.0, lr=3e-3),
     ),
     # 36 scenes -> 14/14/8 books, 72 leads -> 29/29/14; the test suite builds it in ~20 s.
     "test": WorldScale(
@@ -173,7 +176,11 @@ def _clean_tmp(parent: Path) -> None:
 
 
 def fingerprint(scale: str, seed: int) -> str:
+    """What the corpora and manifests depend on. The models' training recipes are left out:
+    each model step records its own (``_recipe``) and is rebuilt alone when that changes."""
     settings = {"format": WORLD_FORMAT, "scale": scale, "seed": seed, **asdict(SCALES[scale])}
+    for recipe in ("tiny", "smollm2"):
+        settings.pop(recipe)
     blob = json.dumps(settings, sort_keys=True, default=list).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -470,6 +477,12 @@ def _default_cpus() -> int:
 # ------------------------------------------------------------------------------- world
 
 
+def _recipe(scale: str, step: str) -> dict[str, Any]:
+    """The training recipe of a model step, as ``world.json`` records it."""
+    spec = SCALES[scale].smollm2 if step == "smollm2" else SCALES[scale].tiny
+    return json.loads(json.dumps(asdict(spec), default=list))
+
+
 def _model_steps(targets: list[str]) -> list[str]:
     need = {
         "tiny": ["tiny", "tiny-ref"],
@@ -609,7 +622,9 @@ def _build(cfg: WorldConfig, root: Path, targets: list[str], threads: int) -> No
     try:
         for step in _model_steps(targets):
             if step in steps and (root / "models" / step / "config.json").is_file():
-                continue
+                if steps[step].get("spec") == _recipe(cfg.scale, step):
+                    continue
+                _log(f"{step}: its training recipe changed since it was built; rebuilding it")
             where = "a Ray task" if _ray_up() else "this process"
             _log(f"building {step} with {threads} CPU(s) in {where}")
             t0 = time.monotonic()

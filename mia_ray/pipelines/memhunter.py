@@ -402,11 +402,11 @@ def _plugin(cfg, target: TargetPool, pairs, trials) -> tuple[list[dict], pd.Data
     return rows, pd.DataFrame(per_pair)
 
 
-def _finetune_model_task(texts, base, out_dir, epochs, seed, threads):
+def _finetune_model_task(texts, base, out_dir, epochs, lr, seed, threads):
     from mia_ray.train.lm import FinetuneSpec, finetune_causal_lm
 
     # Empty target_modules: LoRA on every linear layer, whatever the architecture.
-    spec = FinetuneSpec(epochs=epochs, target_modules=())
+    spec = FinetuneSpec(epochs=epochs, lr=lr, target_modules=())
     return finetune_causal_lm(texts, base, out_dir, spec, seed=seed, threads=threads)
 
 
@@ -437,13 +437,16 @@ def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[st
                 )
             base = alias.get(d.base, d.base)
             texts = docs_by_label[1 if which == "members" else 0]
-            key = fingerprint(base, d.finetune_epochs, d.finetune_seed, texts)
+            key = fingerprint(base, d.finetune_epochs, d.finetune_lr, d.finetune_seed, texts)
             dest = out / "models" / f"finetune-{which}-{key}"
             if not (dest / "training.json").is_file():
                 log(f"dataset test: fine-tuning {base} on {len(texts)} {which} documents")
                 tmp = dest.with_name(dest.name + ".tmp")
                 ray.get(
-                    task.remote(texts, base, str(tmp), d.finetune_epochs, d.finetune_seed, threads)
+                    task.remote(
+                        texts, base, str(tmp), d.finetune_epochs, d.finetune_lr, d.finetune_seed,
+                        threads,
+                    )
                 )
                 tmp.replace(dest)
             paths[name] = str(dest)

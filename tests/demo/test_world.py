@@ -191,6 +191,29 @@ def test_interrupted_build_resumes(test_world, tmp_path):
     assert not list(root.rglob(".tmp-*"))
 
 
+@pytest.mark.slow
+def test_changed_recipe_rebuilds_that_model_only(test_world, tmp_path, capsys):
+    root = tmp_path / "world"
+    shutil.copytree(test_world["root"], root, ignore=shutil.ignore_patterns("smollm2"))
+    meta = json.loads((root / "world.json").read_text())
+    meta["steps"]["tiny-random"]["spec"]["epochs"] = 99.0  # as if built with another recipe
+    (root / "world.json").write_text(json.dumps(meta))
+    tiny = root / "models" / "tiny" / "model.safetensors"
+    random_weights = root / "models" / "tiny-random" / "model.safetensors"
+    before_tiny, before_random = tiny.stat().st_mtime_ns, random_weights.stat().st_mtime_ns
+    ensure_world(WorldConfig(root=str(root), scale="test", target="tiny-random"), num_cpus=2)
+    assert "tiny-random: its training recipe changed since it was built; rebuilding it" in (
+        capsys.readouterr().err
+    )
+    meta = json.loads((root / "world.json").read_text())
+    assert meta["steps"]["tiny-random"]["spec"]["epochs"] == 30.0
+    assert random_weights.stat().st_mtime_ns != before_random
+    assert tiny.stat().st_mtime_ns == before_tiny
+    assert meta["fingerprint"] == json.loads((Path(test_world["root"]) / "world.json").read_text())[
+        "fingerprint"
+    ]
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_demo_verb_trains_in_ray_tasks(ray_local, tmp_path, capsys):
