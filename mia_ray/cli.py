@@ -1,8 +1,10 @@
-"""`mia-ray <pipeline> --config FILE [--set key=value ...] --out DIR [--address ADDR]`.
+"""`mia-ray <pipeline> --config FILE [--set key=value ...] --out DIR [--address ADDR]`,
+and `mia-ray serve --model PATH` (an OpenAI-compatible completions server, see serve.py).
 
-Pipelines come from the registry; the CLI never branches on a pipeline's name. Bad input
-(any MiaError, also when raised inside a Ray task) prints one line and exits 2; an
-unexpected failure prints one line and keeps the traceback in DIR/error.log.
+Pipelines come from the registry; the CLI never branches on a pipeline's name: each verb's
+parser names the function that runs it. Bad input (any MiaError, also when raised inside a
+Ray task) prints one line and exits 2; an unexpected failure prints one line and keeps the
+traceback in DIR/error.log.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mia-ray", description="Audit what a language model was trained on."
     )
-    sub = p.add_subparsers(dest="pipeline", metavar="PIPELINE", required=True)
+    sub = p.add_subparsers(dest="pipeline", metavar="COMMAND", required=True)
     for name in registry.names("pipeline"):
         spec = registry.get("pipeline", name)
-        sp = sub.add_parser(name, help=spec.help, description=spec.help)
+        # argparse formats help strings with %: a "Min-K%" in a pipeline's help would crash.
+        text = spec.help.replace("%", "%%")
+        sp = sub.add_parser(name, help=text, description=text)
         sp.add_argument("--config", "-c", help="YAML job config (see jobs/)")
         sp.add_argument(
             "--set",
@@ -47,14 +51,45 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--print-config", action="store_true", help="print the resolved config and exit"
         )
+        sp.set_defaults(handler=_run_pipeline)
+    sp = sub.add_parser(
+        "serve",
+        help="serve a local model as an OpenAI-compatible completions API",
+        description="Serve a model as an OpenAI-compatible completions API (greedy, with "
+        "log-probs) until Ctrl-C.",
+    )
+    sp.add_argument("--model", required=True, help="local model folder or hub name")
+    sp.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sp.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    sp.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY'")
+    sp.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    sp.set_defaults(handler=_serve)
     return p
 
 
 def _run(argv: list[str] | None) -> int:
+    args = _parser().parse_args(argv)
+    return args.handler(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from mia_ray.serve import make_server
+
+    server = make_server(args.model, args.host, args.port, args.api_key, args.device)
+    print(f"mia-ray serve: {args.model} at {server.base_url} (Ctrl-C stops)", file=sys.stderr)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("mia-ray serve: stopped", file=sys.stderr)
+    finally:
+        server.server_close()
+    return 0
+
+
+def _run_pipeline(args: argparse.Namespace) -> int:
     from mia_ray import registry
     from mia_ray.config import dump_yaml, load_config
 
-    args = _parser().parse_args(argv)
     spec = registry.get("pipeline", args.pipeline)
     cfg = load_config(spec.config_cls, args.config, args.overrides)
     if args.address is not None and hasattr(cfg, "resources"):

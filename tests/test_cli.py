@@ -118,3 +118,14 @@ class TestBadData:
         d, man = _docs(tmp_path)
         code, err = self.run(capsys, tmp_path, d, man, str(tmp_path / "no-such-model"))
         _assert_one_line(err, code, "does not load")
+
+
+def test_help_lists_every_verb(capsys):
+    # A "%" in a pipeline's help once crashed `mia-ray --help` inside argparse.
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for verb in ("attack", "copycheck", "demo", "leakage", "lumia", "memhunter", "serve"):
+        assert verb in out
+    assert "Min-K%, Min-K%++" in out

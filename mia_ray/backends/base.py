@@ -1,0 +1,90 @@
+"""One prompting interface: the log-likelihood of a continuation after a context.
+
+A backend answers ``loglikelihood([LoglikRequest(context, continuation), ...])`` with the
+natural-log probability of each continuation token given everything before it. Every
+prompting method (the leakage survey's refusal comparison, LOSS / zlib / Min-K% on text
+instances, self-detection, black-box CopyCheck) is built on this one call.
+
+Tokenisation rule (the same for every backend, so their numbers agree):
+
+* the whole string ``context + continuation`` is tokenised once, without special tokens;
+* the continuation's tokens are those whose character span (the tokenizer's offset mapping,
+  or the API's ``text_offset``) starts at or after ``len(context)``. When BPE merges a token
+  across the boundary (context ``"To be or no"``, continuation ``"t to be"``), the merged
+  token belongs to the context and the continuation is scored from the next token on. A
+  continuation left with no token of its own is an error;
+* an empty context is scored from the model's BOS token (its EOS token when it has no BOS)
+  as the one context token, so the first token of a text gets a log-prob too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mia_ray.errors import MiaError
+
+
+@dataclass(frozen=True)
+class LoglikRequest:
+    """Score ``continuation`` after ``context`` (plain strings, joined with nothing between)."""
+
+    context: str
+    continuation: str
+
+
+@dataclass
+class LoglikResult:
+    """Per-token log-probs (natural log) of a continuation's tokens, with their texts.
+
+    ``greedy`` is True when every continuation token was the model's most likely next token.
+    """
+
+    logprobs: list[float]
+    tokens: list[str]
+    greedy: bool
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.logprobs))
+
+
+class Backend:
+    """A model that scores continuations: a local HF model or a completions API."""
+
+    name: str = "backend"
+
+    def loglikelihood(self, requests: list[LoglikRequest]) -> list[LoglikResult]:
+        """One result per request, in the order of ``requests``."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the backend holds (model memory, cache files)."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def choice_logprobs(backend: Backend, context: str, options: list[str]) -> np.ndarray:
+    """Summed log-prob of each option after ``context``: shape (len(options),).
+
+    E.g. options ``[" 0", " 1"]`` for a yes/no question; softmax over the result gives the
+    model's choice restricted to the options.
+    """
+    if not options:
+        raise MiaError("choice_logprobs needs at least one option")
+    results = backend.loglikelihood([LoglikRequest(context, o) for o in options])
+    return np.array([r.total for r in results], dtype=np.float64)
+
+
+def no_token_error(req: LoglikRequest) -> MiaError:
+    """The continuation vanished into the context's last token (see the tokenisation rule)."""
+    return MiaError(
+        f"continuation {req.continuation[:40]!r} has no token of its own after context "
+        f"ending {req.context[-40:]!r}: the tokenizer merges it into the context's last "
+        "token; end the context at a word boundary"
+    )

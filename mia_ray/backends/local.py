@@ -1,0 +1,153 @@
+"""LocalHFBackend: continuation log-probs from a Hugging Face causal LM on this machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mia_ray.backends.base import Backend, LoglikRequest, LoglikResult, no_token_error
+from mia_ray.errors import MiaError
+
+
+@dataclass
+class TokenScores:
+    """Scores of a sequence's last ``n`` tokens, each predicted from all tokens before it.
+
+    ``logprobs`` (n,) of the actual tokens, ``argmax`` (n,) the most likely token ids,
+    ``top_ids`` / ``top_logprobs`` (n, top_n) the ``top_n`` most likely ids and their log-probs.
+    """
+
+    logprobs: np.ndarray
+    argmax: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+
+class LocalHFBackend(Backend):
+    """Score with a causal LM loaded by :func:`mia_ray.models.hf.load_causal_lm`.
+
+    Requests are sorted by length and run ``batch_size`` at a time, left-padded so every
+    continuation ends its row and only its positions are projected onto the vocabulary. A
+    context too long for the model (``max_length``; 0 = the model's own limit) loses its
+    oldest tokens; the continuation is never cropped.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        device: str = "auto",
+        dtype: str = "auto",
+        batch_size: int = 8,
+        torch_threads: int = 0,
+        max_length: int = 0,
+    ):
+        from mia_ray.models.hf import load_causal_lm, set_torch_threads
+
+        if batch_size < 1:
+            raise MiaError(f"batch_size must be at least 1, not {batch_size}")
+        set_torch_threads(torch_threads)
+        self.model, self.tokenizer, self.device = load_causal_lm(model, device, dtype)
+        if not self.tokenizer.is_fast:
+            raise MiaError(
+                f"model {model!r} has no fast tokenizer: the continuation's tokens are found "
+                "from character offsets, which only fast tokenizers give"
+            )
+        self.name = f"hf:{model}"
+        self.batch_size = batch_size
+        cfg = self.model.config.get_text_config()
+        limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        limits = [n for n in (max_length, limit) if n and n > 0]
+        self.max_length = min(limits) if limits else 0  # 0: no limit known
+        tok = self.tokenizer
+        self.bos_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (self.bos_id or 0)
+
+    def encode(self, requests: list[LoglikRequest]) -> list[tuple[list[int], int]]:
+        """``(token ids, number of continuation tokens at their end)`` per request, with the
+        context cropped from the left to fit ``max_length``."""
+        fulls = [r.context + r.continuation for r in requests]
+        enc = self.tokenizer(fulls, add_special_tokens=False, return_offsets_mapping=True)
+        out = []
+        for req, ids, offsets in zip(
+            requests, enc["input_ids"], enc["offset_mapping"], strict=True
+        ):
+            ids = list(ids)
+            cut = len(req.context)
+            start = next((i for i, (s, _) in enumerate(offsets) if s >= cut), len(ids))
+            n_cont = len(ids) - start
+            if n_cont == 0:
+                raise no_token_error(req)
+            if start == 0:
+                if self.bos_id is None:
+                    raise MiaError(
+                        "the context is empty and the model has no BOS or EOS token to score "
+                        "the first token from; give a context"
+                    )
+                ids = [self.bos_id] + ids
+            if self.max_length and len(ids) > self.max_length:
+                if n_cont + 1 > self.max_length:
+                    raise MiaError(
+                        f"continuation {req.continuation[:40]!r} is {n_cont} tokens; with one "
+                        f"context token it exceeds the model's maximum length {self.max_length}"
+                    )
+                ids = ids[len(ids) - self.max_length :]
+            out.append((ids, n_cont))
+        return out
+
+    def score_last(self, seqs: list[list[int]], n_last: list[int], top_n: int = 0):
+        """:class:`TokenScores` of the last ``n_last[i]`` tokens of each ``seqs[i]``
+        (``1 <= n_last[i] < len(seqs[i])``), in the order given."""
+        import torch
+
+        from mia_ray.models.hf import left_pad
+
+        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+        out: list[TokenScores | None] = [None] * len(seqs)
+        with torch.inference_mode():
+            for b in range(0, len(order), self.batch_size):
+                idx = order[b : b + self.batch_size]
+                ids, mask, pos = left_pad([seqs[i] for i in idx], self.pad_id, self.device)
+                width = max(n_last[i] for i in idx)
+                logits = self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    logits_to_keep=width + 1,
+                ).logits[:, :-1]
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                target = ids[:, -width:]
+                tok_lp = logp.gather(-1, target[..., None]).squeeze(-1).cpu().numpy()
+                best = logp.argmax(-1).cpu().numpy()
+                if top_n > 0:
+                    top_lp, top_id = logp.topk(top_n, dim=-1)
+                    top_lp, top_id = top_lp.cpu().numpy(), top_id.cpu().numpy()
+                else:
+                    top_lp = np.zeros((len(idx), width, 0), np.float32)
+                    top_id = np.zeros((len(idx), width, 0), np.int64)
+                for row, i in enumerate(idx):
+                    n = n_last[i]
+                    out[i] = TokenScores(
+                        tok_lp[row, -n:], best[row, -n:], top_id[row, -n:], top_lp[row, -n:]
+                    )
+        return out
+
+    def loglikelihood(self, requests: list[LoglikRequest]) -> list[LoglikResult]:
+        if not requests:
+            return []
+        encoded = self.encode(requests)
+        scores = self.score_last([e[0] for e in encoded], [e[1] for e in encoded])
+        results = []
+        for (ids, n), s in zip(encoded, scores, strict=True):
+            cont = ids[-n:]
+            results.append(
+                LoglikResult(
+                    logprobs=[float(x) for x in s.logprobs],
+                    tokens=[self.tokenizer.decode([t]) for t in cont],
+                    greedy=bool(np.array_equal(s.argmax, cont)),
+                )
+            )
+        return results
+
+    def close(self) -> None:
+        self.model = None

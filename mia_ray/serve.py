@@ -1,0 +1,320 @@
+"""`mia-ray serve`: an OpenAI-compatible completions server over a local HF model.
+
+It exists so the API backend can be tested, and demonstrated, against a real HTTP server
+that needs no network: ``GET /v1/models`` and ``POST /v1/completions`` with ``prompt`` (a
+string or a list), ``echo``, ``logprobs`` (top-n), ``max_tokens`` (0 = score the prompt only)
+and greedy decoding (``temperature`` 0, also when left out). Prompts are tokenised without
+special tokens, as OpenAI's completion models do, so a prompt's first token has no log-prob.
+Errors are JSON ``{"error": {"message", "type"}}``; with an API key every request needs
+``Authorization: Bearer <key>``. One request runs on the model at a time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import json
+import logging
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from mia_ray.backends.local import LocalHFBackend
+from mia_ray.errors import MiaError
+
+log = logging.getLogger("mia_ray.serve")
+_MAX_BODY = 16 * 1024 * 1024
+_MAX_TOP = 20
+
+
+class ApiError(Exception):
+    """An error answer: HTTP ``status`` with an OpenAI-style error body."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+class CompletionsServer(ThreadingHTTPServer):
+    """Serves one :class:`LocalHFBackend`'s model as ``model_id``."""
+
+    daemon_threads = True  # Ctrl-C must not wait for a client that keeps its connection
+
+    def __init__(self, address: tuple[str, int], backend: LocalHFBackend, model_id: str, api_key):
+        self.backend = backend
+        self.model_id = model_id
+        self.api_key = api_key
+        self.created = int(time.time())
+        self.model_lock = threading.Lock()
+        super().__init__(address, _Handler)  # binds; on failure it calls server_close
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.backend.close()
+
+
+def make_server(
+    model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str = "", device: str = "auto"
+) -> CompletionsServer:
+    """Load ``model`` (a local folder or hub name) and bind; ``serve_forever()`` runs it.
+
+    Port 0 picks a free port (read it from ``server.base_url``).
+    """
+    backend = LocalHFBackend(model, device=device)
+    try:
+        return CompletionsServer((host, port), backend, model, api_key)
+    except OSError as e:
+        backend.close()
+        raise MiaError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: CompletionsServer
+    server_version = "mia-ray-serve"
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
+        self._answer(self._get, has_body=False)
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._answer(self._post, has_body=True)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _answer(self, route, has_body: bool) -> None:
+        try:
+            # Read the body before any answer: closing a socket with unread data resets the
+            # connection, and the client would see that instead of the error.
+            body = self._read_body() if has_body else b""
+            self._check_key()
+            status, obj = 200, route(self.path.split("?", 1)[0].rstrip("/"), body)
+        except ApiError as e:
+            status, obj = e.status, _error(e.message, e.kind)
+        except MiaError as e:
+            status, obj = 400, _error(str(e), "invalid_request_error")
+        except Exception as e:  # noqa: BLE001 - a server answers 500 and keeps serving
+            log.exception("request failed")
+            status, obj = 500, _error(f"internal error: {type(e).__name__}: {e}", "server_error")
+        data = json.dumps(obj).encode("utf-8")
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if status == 401:
+                self.send_header("WWW-Authenticate", "Bearer")
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (e.g. its timeout); nothing to tell it
+
+    def _check_key(self) -> None:
+        key = self.server.api_key
+        if not key:
+            return
+        given = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise ApiError(
+                401,
+                "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                "authentication_error",
+            )
+
+    def _read_body(self) -> bytes:
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            raise ApiError(411, "the request needs a Content-Length header") from None
+        if length > _MAX_BODY:
+            raise ApiError(413, f"request body over {_MAX_BODY} bytes")
+        return self.rfile.read(length)
+
+    def _get(self, path: str, _body: bytes) -> dict[str, Any]:
+        if path != "/v1/models":
+            raise ApiError(404, f"no route GET {path}", "not_found_error")
+        card = {
+            "id": self.server.model_id,
+            "object": "model",
+            "created": self.server.created,
+            "owned_by": "mia-ray",
+        }
+        return {"object": "list", "data": [card]}
+
+    def _post(self, path: str, raw: bytes) -> dict[str, Any]:
+        if path != "/v1/completions":
+            raise ApiError(404, f"no route POST {path}", "not_found_error")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        params = _parse(body, self.server.model_id)
+        with self.server.model_lock:
+            return complete(self.server.backend, self.server.model_id, **params)
+
+
+def _error(message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind}}
+
+
+def _parse(body: dict[str, Any], model_id: str) -> dict[str, Any]:
+    """Validated ``complete`` arguments from a request body (400 for what is not supported)."""
+    model = body.get("model")
+    if model is None:
+        raise ApiError(400, "model is required")
+    if model != model_id:
+        raise ApiError(404, f"model {model!r} is not served here (this server serves {model_id!r})")
+    prompt = body.get("prompt")
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise ApiError(400, "prompt must be a string or a non-empty list of strings")
+
+    def integer(name: str, default: int | None, low: int, high: int) -> int | None:
+        value = body.get(name, default)
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ApiError(400, f"{name} must be an integer from {low} to {high}, not {value!r}")
+        return value
+
+    temperature = body.get("temperature", 0)
+    if temperature != 0:
+        raise ApiError(
+            400, f"this server decodes greedily only: temperature must be 0, not {temperature!r}"
+        )
+    for name in ("n", "best_of"):
+        integer(name, 1, 1, 1)
+    if body.get("stream"):
+        raise ApiError(400, "stream is not supported")
+    for name in ("stop", "suffix", "logit_bias"):
+        if body.get(name):
+            raise ApiError(400, f"{name} is not supported")
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise ApiError(400, f"echo must be true or false, not {echo!r}")
+    return {
+        "prompts": prompts,
+        "echo": echo,
+        "top_n": integer("logprobs", None, 0, _MAX_TOP),
+        "max_tokens": integer("max_tokens", 16, 0, 1_000_000),
+    }
+
+
+def complete(
+    backend: LocalHFBackend,
+    model_id: str,
+    prompts: list[str],
+    echo: bool,
+    top_n: int | None,
+    max_tokens: int,
+) -> dict[str, Any]:
+    """The OpenAI ``text_completion`` answer for ``prompts`` (``top_n`` None: no log-probs)."""
+    tok = backend.tokenizer
+    enc = tok(prompts, add_special_tokens=False, return_offsets_mapping=True)
+    all_ids = [list(ids) for ids in enc["input_ids"]]
+    for i, ids in enumerate(all_ids):
+        if backend.max_length and len(ids) + max_tokens > backend.max_length:
+            raise ApiError(
+                400,
+                f"prompt {i} is {len(ids)} tokens and max_tokens is {max_tokens}: together more "
+                f"than the model's maximum length {backend.max_length}",
+            )
+    scored: dict[int, Any] = {}
+    if echo and top_n is not None:
+        long = [i for i, ids in enumerate(all_ids) if len(ids) > 1]
+        got = backend.score_last(
+            [all_ids[i] for i in long], [len(all_ids[i]) - 1 for i in long], top_n
+        )
+        scored = dict(zip(long, got, strict=True))
+
+    def piece(i: int) -> str:
+        return tok.decode([int(i)])
+
+    def tops(ids, lps) -> dict[str, float]:
+        return {piece(t): float(lp) for t, lp in zip(ids, lps, strict=True)}
+
+    choices, n_prompt, n_gen = [], 0, 0
+    for index, (prompt, ids, offsets) in enumerate(
+        zip(prompts, all_ids, enc["offset_mapping"], strict=True)
+    ):
+        gen, finish = (
+            _greedy(backend, ids, max_tokens, top_n or 0) if max_tokens else ([], "length")
+        )
+        gen_ids = [g[0] for g in gen]
+        head = prompt if echo else ""
+        text = head + tok.decode(gen_ids)
+        logprobs = None
+        if top_n is not None:
+            tokens, lps, top, starts = [], [], [], []
+            if echo and ids:
+                # The first prompt token has nothing before it: null, as OpenAI answers.
+                tokens, lps, top = [piece(t) for t in ids], [None], [None]
+                s = scored.get(index)
+                if s is not None:
+                    lps += [float(x) for x in s.logprobs]
+                    top += [tops(a, b) for a, b in zip(s.top_ids, s.top_logprobs, strict=True)]
+                starts = [int(o[0]) for o in offsets]
+            for j, (t, lp, top_ids, top_lps) in enumerate(gen):
+                tokens.append(piece(t))
+                lps.append(lp)
+                top.append(tops(top_ids, top_lps))
+                starts.append(len(head) + len(tok.decode(gen_ids[:j])))
+            logprobs = {
+                "tokens": tokens,
+                "token_logprobs": lps,
+                "top_logprobs": top,
+                "text_offset": starts,
+            }
+        choices.append(
+            {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        )
+        n_prompt += len(ids)
+        n_gen += len(gen_ids)
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model_id,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_gen,
+            "total_tokens": n_prompt + n_gen,
+        },
+    }
+
+
+def _greedy(backend: LocalHFBackend, ids: list[int], max_new: int, top_n: int):
+    """Greedy decoding: ``([(token, log-prob, top ids, top log-probs), ...], finish_reason)``;
+    stops before an EOS token ("stop") or after ``max_new`` tokens ("length")."""
+    import torch
+
+    model = backend.model
+    if not ids:
+        if backend.bos_id is None:
+            raise ApiError(400, "the prompt is empty and the model has no BOS token to start from")
+        ids = [backend.bos_id]
+    # transformers 5 renamed the KV cache argument and output field to `cache`.
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    eos = backend.tokenizer.eos_token_id
+    step = torch.tensor([ids], device=backend.device)
+    past, out = None, []
+    with torch.inference_mode():
+        for _ in range(max_new):
+            res = model(input_ids=step, use_cache=True, logits_to_keep=1, **{key: past})
+            past = getattr(res, key)
+            logp = torch.log_softmax(res.logits[0, -1].float(), dim=-1)
+            nxt = int(logp.argmax())
+            if nxt == eos:
+                return out, "stop"
+            top_lp, top_id = logp.topk(top_n) if top_n else (logp[:0], logp[:0].long())
+            out.append((nxt, float(logp[nxt]), top_id.tolist(), top_lp.tolist()))
+            step = torch.tensor([[nxt]], device=backend.device)
+    return out, "length"

@@ -1,0 +1,107 @@
+"""LocalHFBackend against a forward pass computed by hand on the tiny model."""
+
+import numpy as np
+import pytest
+import torch
+
+from mia_ray.backends import LoglikRequest, choice_logprobs
+from mia_ray.backends.local import LocalHFBackend
+from mia_ray.errors import MiaError
+
+
+def _reference(backend, ids: list[int], n: int) -> list[float]:
+    """Log-probs of the last ``n`` of ``ids`` from one unpadded forward pass."""
+    with torch.inference_mode():
+        logits = backend.model(input_ids=torch.tensor([ids])).logits[0]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return [float(logp[i - 1, ids[i]]) for i in range(len(ids) - n, len(ids))]
+
+
+def _ids(backend, text: str) -> list[int]:
+    return backend.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_logprobs_match_a_forward_pass_by_hand(local):
+    bos = local.tokenizer.eos_token_id
+    reqs = [
+        LoglikRequest("The k", "ing said unto them"),  # boundary between two tokens of a word
+        LoglikRequest("To be or no", "t to be"),  # " not" merges across the boundary
+        LoglikRequest("", "Hello world"),  # scored from BOS
+        LoglikRequest("Answer:", " 0"),
+        LoglikRequest("To be, or not to be, that is the question:", " whether"),
+    ]
+    # Batches of 2 with rows of different lengths: padding must not change a number.
+    results = local.loglikelihood(reqs)
+    assert [r.tokens for r in results] == [
+        ["ing", " said", " unt", "o", " them"],
+        [" to", " be"],
+        ["H", "ell", "o", " world"],
+        [" 0"],
+        [" whether"],
+    ]
+    expected = [
+        _reference(local, _ids(local, "The king said unto them"), 5),
+        _reference(local, _ids(local, "To be or not to be"), 2),
+        _reference(local, [bos] + _ids(local, "Hello world"), 4),
+        _reference(local, _ids(local, "Answer: 0"), 1),
+        _reference(local, _ids(local, reqs[4].context + reqs[4].continuation), 1),
+    ]
+    for res, exp in zip(results, expected, strict=True):
+        np.testing.assert_allclose(res.logprobs, exp, rtol=0, atol=1e-5)
+    # Alone, each request gives the same numbers as in the batch (order is preserved).
+    for req, res in zip(reqs, results, strict=True):
+        np.testing.assert_allclose(local.loglikelihood([req])[0].logprobs, res.logprobs, atol=1e-5)
+
+
+def test_greedy_flag(local):
+    ctx = "To be or not to be"
+    ids = _ids(local, ctx)
+    with torch.inference_mode():
+        out = local.model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=2,  # more would be "\n\n", which BPE re-merges
+        )[0, len(ids) :].tolist()
+    greedy_text = local.tokenizer.decode(out)
+    assert _ids(local, ctx + greedy_text)[len(ids) :] == out  # re-tokenises to the same ids
+    res = local.loglikelihood([LoglikRequest(ctx, greedy_text), LoglikRequest(ctx, " the king")])
+    assert res[0].greedy is True
+    assert res[1].greedy is False
+    # Only the first token of the greedy text, then a token the model did not pick.
+    first = local.tokenizer.decode(out[:1])
+    assert local.loglikelihood([LoglikRequest(ctx, first + " zebra")])[0].greedy is False
+
+
+def test_choice_logprobs_sums_each_option(local):
+    got = choice_logprobs(local, "Answer:", [" 0", " 1", " yes please"])
+    parts = local.loglikelihood([LoglikRequest("Answer:", o) for o in [" 0", " 1", " yes please"]])
+    np.testing.assert_allclose(got, [sum(p.logprobs) for p in parts], atol=1e-9)
+    assert got.shape == (3,)
+
+
+def test_long_context_is_cropped_from_the_left(tiny, local):
+    assert local.max_length == 128  # the tiny model's n_positions
+    short = LocalHFBackend(tiny, device="cpu", max_length=8)
+    ctx = "To be, or not to be, that is the question: whether"
+    ids = _ids(local, ctx + " the king")
+    res = short.loglikelihood([LoglikRequest(ctx, " the king")])[0]
+    assert res.tokens == [" the", " k", "ing"]
+    np.testing.assert_allclose(res.logprobs, _reference(local, ids[-8:], 3), atol=1e-5)
+    with pytest.raises(MiaError) as e:
+        short.loglikelihood([LoglikRequest("Hi", " the king said unto them all")])
+    assert str(e.value) == (
+        "continuation ' the king said unto them all' is 8 tokens; with one context token it "
+        "exceeds the model's maximum length 8"
+    )
+    assert LocalHFBackend(tiny, device="cpu", max_length=10_000).max_length == 128
+
+
+def test_a_continuation_merged_into_the_context_is_an_error(local):
+    with pytest.raises(MiaError) as e:
+        local.loglikelihood([LoglikRequest("To b", "e")])
+    assert str(e.value) == (
+        "continuation 'e' has no token of its own after context ending 'To b': the tokenizer "
+        "merges it into the context's last token; end the context at a word boundary"
+    )
+    assert local.loglikelihood([]) == []

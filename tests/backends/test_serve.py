@@ -1,0 +1,228 @@
+"""`mia-ray serve` over real loopback HTTP, and the API backend against it."""
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+from mia_ray.backends import LoglikRequest
+from mia_ray.backends.openai_api import OpenAICompletionsBackend
+from mia_ray.cli import main
+from mia_ray.errors import MiaError
+
+REQUESTS = [
+    LoglikRequest("The k", "ing said unto them"),
+    LoglikRequest("To be or no", "t to be"),  # BPE merges " not" across the boundary
+    LoglikRequest("", "Hello world"),
+    LoglikRequest("Answer:", " 0"),
+    LoglikRequest("Answer:", " 1"),
+    LoglikRequest("To be or not to be", " the\n"),  # the tiny model's greedy continuation
+]
+
+
+def _call(server, path, body=None, key=None):
+    """``(status, JSON answer)`` of GET (no body) or POST ``path`` under /v1."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(server.base_url + path, data=data)
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_api_backend_matches_local(served, local, tiny, monkeypatch):
+    monkeypatch.delenv("MIA_RAY_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    api = OpenAICompletionsBackend(served.base_url, tiny, bos_text="<|endoftext|>", batch_size=4)
+    remote = api.loglikelihood(REQUESTS)
+    near = local.loglikelihood(REQUESTS)
+    assert api.requests_sent == 2
+    for r, n in zip(remote, near, strict=True):
+        assert r.tokens == n.tokens
+        assert r.greedy == n.greedy
+        np.testing.assert_allclose(r.logprobs, n.logprobs, rtol=0, atol=1e-4)
+    assert [r.greedy for r in remote] == [False] * 5 + [True]
+    assert remote[1].tokens == [" to", " be"]
+
+
+def test_models(served, tiny):
+    status, obj = _call(served, "/models")
+    assert status == 200
+    assert obj["object"] == "list"
+    assert [(m["id"], m["object"]) for m in obj["data"]] == [(tiny, "model")]
+
+
+def test_api_key_is_required_when_set(served_with_key, tiny):
+    status, obj = _call(served_with_key, "/models")
+    assert status == 401
+    assert obj == {
+        "error": {
+            "message": "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+            "type": "authentication_error",
+        }
+    }
+    assert _call(served_with_key, "/models", key="wrong")[0] == 401
+    assert _call(served_with_key, "/models", key="sekret")[0] == 200
+    api = OpenAICompletionsBackend(served_with_key.base_url, tiny, api_key="sekret")
+    assert api.loglikelihood([REQUESTS[3]])[0].tokens == [" 0"]
+    bad = OpenAICompletionsBackend(served_with_key.base_url, tiny, api_key="wrong")
+    with pytest.raises(MiaError) as e:
+        bad.loglikelihood([REQUESTS[3]])
+    assert str(e.value) == (
+        f"{served_with_key.base_url}/completions answered 401 (unauthorized): missing or wrong "
+        "API key: send the header 'Authorization: Bearer <key>'; the API key is missing or "
+        "wrong (the key came from api_key)"
+    )
+    assert bad.requests_sent == 1
+
+
+def test_temperature_must_be_zero(served, tiny):
+    status, obj = _call(
+        served, "/completions", {"model": tiny, "prompt": "To be", "temperature": 0.7}
+    )
+    assert status == 400
+    assert obj == {
+        "error": {
+            "message": "this server decodes greedily only: temperature must be 0, not 0.7",
+            "type": "invalid_request_error",
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    "change, status, message",
+    [
+        ({"model": None}, 400, "model is required"),
+        (
+            {"model": "gpt-x"},
+            404,
+            "model 'gpt-x' is not served here (this server serves '{tiny}')",
+        ),
+        ({"prompt": [1, 2]}, 400, "prompt must be a string or a non-empty list of strings"),
+        ({"logprobs": 99}, 400, "logprobs must be an integer from 0 to 20, not 99"),
+        ({"stream": True}, 400, "stream is not supported"),
+        (
+            {"prompt": " x" * 120, "max_tokens": 10},
+            400,
+            "prompt 0 is 120 tokens and max_tokens is 10: together more than the model's "
+            "maximum length 128",
+        ),
+    ],
+)
+def test_bad_requests(served, tiny, change, status, message):
+    """``change`` edits a valid body (None removes a key)."""
+    body = {"model": tiny, "prompt": "x", **change}
+    body = {k: v for k, v in body.items() if v is not None}
+    assert _call(served, "/completions", body) == (
+        status,
+        {"error": {"message": message.format(tiny=tiny), "type": "invalid_request_error"}},
+    )
+
+
+def test_unknown_route_and_bad_json(served):
+    assert _call(served, "/chat/completions", {})[1] == {
+        "error": {"message": "no route POST /v1/chat/completions", "type": "not_found_error"}
+    }
+    req = urllib.request.Request(served.base_url + "/completions", data=b"{not json")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400
+    assert json.loads(e.value.read())["error"]["message"] == "the request body is not valid JSON"
+
+
+def test_greedy_generation_equals_the_local_model(served, local, tiny):
+    prompts = ["To be or not to be", "The king said"]
+    status, obj = _call(
+        served,
+        "/completions",
+        {"model": tiny, "prompt": prompts, "max_tokens": 5, "logprobs": 2, "temperature": 0},
+    )
+    assert status == 200
+    assert obj["object"] == "text_completion"
+    assert obj["model"] == tiny
+    tok = local.tokenizer
+    n_prompt = 0
+    for choice, prompt in zip(obj["choices"], prompts, strict=True):
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        n_prompt += len(ids)
+        with torch.inference_mode():
+            out = local.model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=5,
+            )[0, len(ids) :].tolist()
+        assert choice["text"] == tok.decode(out)
+        assert choice["finish_reason"] == "length"
+        lp = choice["logprobs"]
+        assert lp["tokens"] == [tok.decode([t]) for t in out]
+        # Each generated token is the top of its position, and its log-prob is the model's.
+        with torch.inference_mode():
+            logits = local.model(input_ids=torch.tensor([ids + out])).logits[0]
+        logp = torch.log_softmax(logits, -1)
+        want = [float(logp[len(ids) - 1 + j, t]) for j, t in enumerate(out)]
+        np.testing.assert_allclose(lp["token_logprobs"], want, atol=1e-4)
+        for tops, token, value in zip(lp["top_logprobs"], lp["tokens"], want, strict=True):
+            assert len(tops) <= 2
+            assert max(tops.values()) == pytest.approx(value, abs=1e-4)
+            assert tops.get(token) == pytest.approx(value, abs=1e-4)
+        assert lp["text_offset"][0] == 0
+    assert obj["usage"] == {
+        "prompt_tokens": n_prompt,
+        "completion_tokens": 10,
+        "total_tokens": n_prompt + 10,
+    }
+
+
+def test_echo_scores_the_prompt(served, tiny):
+    status, obj = _call(
+        served,
+        "/completions",
+        {"model": tiny, "prompt": "Answer: 0", "max_tokens": 0, "echo": True, "logprobs": 0},
+    )
+    assert status == 200
+    (choice,) = obj["choices"]
+    assert choice["index"] == 0
+    assert choice["text"] == "Answer: 0"
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["An", "sw", "er", ":", " 0"]
+    assert lp["text_offset"] == [0, 2, 4, 6, 7]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["top_logprobs"][1:] == [{}, {}, {}, {}]
+    assert obj["usage"]["completion_tokens"] == 0
+
+
+def test_cli_serve_bad_model(capsys):
+    assert main(["serve", "--model", "/nonexistent"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "mia-ray: error: model '/nonexistent' does not load: no such local folder, and it is "
+        "not a hub name\n"
+    )
+
+
+def test_cli_serve_stops_on_ctrl_c(capsys, monkeypatch):
+    closed = []
+
+    class Server:
+        base_url = "http://127.0.0.1:1/v1"
+
+        def serve_forever(self):
+            raise KeyboardInterrupt
+
+        def server_close(self):
+            closed.append(True)
+
+    monkeypatch.setattr("mia_ray.serve.make_server", lambda *a: Server())
+    assert main(["serve", "--model", "m", "--port", "0"]) == 0
+    assert closed == [True]
+    assert capsys.readouterr().err == (
+        "mia-ray serve: m at http://127.0.0.1:1/v1 (Ctrl-C stops)\nmia-ray serve: stopped\n"
+    )
