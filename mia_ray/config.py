@@ -528,9 +528,10 @@ class DatasetTestConfig:
     """Did a suspect model train on the dataset as a whole? (MemHunter §4.4, done soundly.)
 
     Models are hub names or folders, or ``@target`` (model.name_or_path), ``@reference``
-    (model.reference), ``@finetune:members`` / ``@finetune:nonmembers`` (a LoRA fine-tune of
-    ``base`` on the dataset's own documents, or on documents outside it: a model that did,
-    or did not, train on the data).
+    (model.reference), ``@world:<model>`` (a demo-world model, e.g. ``smollm2-control``),
+    ``@finetune:members`` / ``@finetune:nonmembers`` (a LoRA fine-tune of ``base`` on the
+    dataset's own documents, or on documents outside it: a model that did, or did not,
+    train on the data).
     """
 
     suspects: list[str] = field(default_factory=lambda: ["@target"])
@@ -617,6 +618,75 @@ class MemHunterJobConfig:
                 raise MiaError("model.name_or_path is empty: give a hub name or a local folder")
             if not self.hunter.model:
                 raise MiaError("hunter.model is empty: give a small LM to train as the hunter")
+
+
+@dataclass
+class CrawlConfig:
+    """The corpus sample to scan. ``shards``: files or folders (``.jsonl``, ``.parquet``, or
+    a folder of text files), one shard each; ``truth``: a ``planted.jsonl`` of known records
+    (``category``, ``type``, ``shard``, ``doc_id``, ``start``, ``end``, ``ref``) that scores the
+    scan's precision and recall. ``demo: true`` builds the demo world's crawl and uses it
+    (its shards, truth, the world's books as the copyright store, its benchmark)."""
+
+    demo: bool = False
+    shards: list[str] = field(default_factory=list)
+    truth: str = ""
+    text_field: str = "text"
+    id_field: str = "id"
+
+    def validate(self) -> None:
+        if not self.demo and not self.shards:
+            raise MiaError("crawl.shards is empty: give the corpus shards to scan (or crawl.demo)")
+
+
+@dataclass
+class ScanConfig:
+    """Leakage-rate scanners (the survey's §2). PII: the 20 regular-expression types
+    (``docs/pii.md``) and person names; copyright and benchmark: exact matches of
+    ``*_span``-word spans against stores built from ``copyright`` (files or folders of
+    reference texts) and ``benchmark`` (``.jsonl`` items; each of ``benchmark_fields`` is a
+    text of its own, as in the paper)."""
+
+    pii_types: list[str] = field(default_factory=list)  # empty = all 20
+    names: bool = True
+    copyright: list[str] = field(default_factory=list)
+    benchmark: list[str] = field(default_factory=list)
+    benchmark_fields: list[str] = field(default_factory=lambda: ["passage", "question"])
+    copyright_span: int = 300  # words; the paper's ~300
+    benchmark_span: int = 300
+    workers: int = 2  # scanner actors
+    cpus_per_worker: float = 1.0
+    batch_size: int = 64  # documents per scanner call
+    ci: float = 0.95
+    max_listed_matches: int = 500  # report.json lists this many; matches.parquet has all
+
+    def validate(self) -> None:
+        from mia_ray.features.pii import PII_TYPE_NAMES
+
+        unknown = [t for t in self.pii_types if t not in PII_TYPE_NAMES]
+        if unknown:
+            raise MiaError(
+                f"scan.pii_types: unknown type {unknown[0]!r}{_hint(unknown[0], list(PII_TYPE_NAMES))}"
+            )
+        if self.copyright_span < 1 or self.benchmark_span < 1:
+            raise MiaError("scan.copyright_span and scan.benchmark_span must be at least 1 word")
+        if self.workers < 1 or self.batch_size < 1 or not 0 < self.ci < 1:
+            raise MiaError("scan.workers and scan.batch_size must be positive, scan.ci in (0, 1)")
+
+
+@dataclass
+class LeakageJobConfig:
+    """`mia-ray leakage`: how much personal data, copyrighted text and benchmark data sits
+    in a corpus sample (the leakage survey's leakage rate)."""
+
+    world: WorldConfig = field(default_factory=WorldConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    crawl: CrawlConfig = field(default_factory=CrawlConfig)
+    scan: ScanConfig = field(default_factory=ScanConfig)
+
+    def validate(self) -> None:
+        self.crawl.validate()
+        self.scan.validate()
 
 
 @dataclass

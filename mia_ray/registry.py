@@ -26,6 +26,7 @@ _PROVIDERS: dict[str, tuple[str, ...]] = {
         "mia_ray.pipelines.attack",
         "mia_ray.pipelines.copycheck",
         "mia_ray.pipelines.demo_world",
+        "mia_ray.pipelines.leakage",
         "mia_ray.pipelines.lumia",
         "mia_ray.pipelines.memhunter",
     ),

@@ -167,6 +167,16 @@ def load_web(n: int, min_words: int, max_words: int, seed: int | str) -> list[Do
 
     ``max_words`` = 0 means no upper bound. Sorted by id; ids are ``web/<slug>`` (unique).
     """
+    pool = web_pool(min_words, max_words)
+    if len(pool) < n:
+        raise MiaError(
+            f"only {len(pool)} Wikipedia leads have {min_words}..{max_words} words; asked {n}"
+        )
+    return web_docs(random.Random(seed).sample(pool, n))
+
+
+def web_pool(min_words: int = 0, max_words: int = 0) -> list[tuple[str, str]]:
+    """Every ``(title, text)`` Wikipedia lead with ``min_words <= words <= max_words``, by title."""
     path = package_file(WIKI_PACKAGE, "data", "summaries_en-us.json")
     data = json.loads(path.read_text(encoding="utf-8"))
     pool = []
@@ -175,11 +185,11 @@ def load_web(n: int, min_words: int, max_words: int, seed: int | str) -> list[Do
         words = len(text.split())
         if words >= min_words and (not max_words or words <= max_words):
             pool.append((title, text))
-    if len(pool) < n:
-        raise MiaError(
-            f"only {len(pool)} Wikipedia leads have {min_words}..{max_words} words; asked {n}"
-        )
-    picked = random.Random(seed).sample(pool, n)
+    return pool
+
+
+def web_docs(picked: list[tuple[str, str]]) -> list[Doc]:
+    """Docs ``web/<slug>`` (unique; a repeated slug gets ``-2``, ``-3``, ...), sorted by id."""
     docs, seen = [], set()
     for title, text in picked:
         slug = slugify(title)

@@ -9,7 +9,9 @@ what exists. Layout::
     corpus/reference_pool.jsonl the reference model's training documents (never evaluated)
     corpus/split.json           {doc_id: "member" | "nonmember" | "reference"}
     manifests/<target>.json     {doc_id: 1 | 0} over the evaluated documents of that target
-    models/<name>/              HF folders (weights + tokenizer): tiny, tiny-ref, tiny-random, smollm2
+    models/<name>/              HF folders (weights + tokenizer): tiny, tiny-ref, tiny-random,
+                                smollm2, smollm2-control (smollm2's recipe on reference-pool text)
+    crawl/                      the leakage survey's demo crawl (demo/crawl.py), when asked for
 
 Each step builds in a temporary folder beside its destination, renames it into place and
 only then records itself in ``world.json``; an interrupted build resumes at the first
@@ -55,7 +57,7 @@ WORLD_FORMAT = 1
 TARGETS = ("tiny", "tiny-random", "smollm2")
 SMOLLM2_BASE = "smollm2-135m-instruct"
 # A model's seed is the world's seed plus its offset.
-SEED_OFFSETS = {"tiny": 0, "tiny-ref": 1, "tiny-random": 2, "smollm2": 3}
+SEED_OFFSETS = {"tiny": 0, "tiny-ref": 1, "tiny-random": 2, "smollm2": 3, "smollm2-control": 4}
 
 
 @dataclass(frozen=True)
@@ -344,14 +346,13 @@ def _sizes(c: Corpora) -> dict[str, Any]:
     return out
 
 
-def read_jsonl_texts(path: Path, ids: set[str] | None = None) -> list[str]:
-    texts = []
+def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            row = json.loads(line)
-            if ids is None or row["id"] in ids:
-                texts.append(row["text"])
-    return texts
+        return [json.loads(line) for line in fh]
+
+
+def read_jsonl_texts(path: Path, ids: set[str] | None = None) -> list[str]:
+    return [r["text"] for r in read_jsonl_rows(path) if ids is None or r["id"] in ids]
 
 
 # ------------------------------------------------------------------------------- models
@@ -433,15 +434,25 @@ def ensure_smollm2_base(home: Path | None = None) -> Path:
     return dest
 
 
+def control_texts(root: Path, n: int) -> list[str]:
+    """smollm2-control's training text: the ``n`` shortest web leads of the reference pool
+    (ties by id), text neither smollm2's members nor its non-members contain."""
+    rows = [r for r in read_jsonl_rows(root / "corpus" / "reference_pool.jsonl")]
+    web = sorted(
+        (len(r["text"].split()), r["id"], r["text"]) for r in rows if r["id"].startswith("web/")
+    )
+    return [text for _, _, text in web[:n]]
+
+
 def _finetune_smollm2(
-    texts: list[str], home: str, out_dir: str, scale: str, seed: int, threads: int
+    texts: list[str], home: str, out_dir: str, scale: str, seed: int, threads: int, name: str
 ) -> dict[str, Any]:
     from mia_ray.train.lm import finetune_causal_lm
 
     base = ensure_smollm2_base(Path(home))
     conversion = json.loads((base / "conversion.json").read_text("utf-8"))
     record = finetune_causal_lm(
-        texts, base, out_dir, SCALES[scale].smollm2, seed=seed, threads=threads, name="smollm2"
+        texts, base, out_dir, SCALES[scale].smollm2, seed=seed, threads=threads, name=name
     )
     return {**record, "conversion": conversion}
 
@@ -479,7 +490,7 @@ def _default_cpus() -> int:
 
 def _recipe(scale: str, step: str) -> dict[str, Any]:
     """The training recipe of a model step, as ``world.json`` records it."""
-    spec = SCALES[scale].smollm2 if step == "smollm2" else SCALES[scale].tiny
+    spec = SCALES[scale].smollm2 if step.startswith("smollm2") else SCALES[scale].tiny
     return json.loads(json.dumps(asdict(spec), default=list))
 
 
@@ -487,7 +498,7 @@ def _model_steps(targets: list[str]) -> list[str]:
     need = {
         "tiny": ["tiny", "tiny-ref"],
         "tiny-random": ["tiny-random", "tiny-ref"],
-        "smollm2": ["smollm2"],
+        "smollm2": ["smollm2", "smollm2-control"],
     }
     steps: list[str] = []
     for t in targets:
@@ -509,16 +520,18 @@ def _paths(root: Path, target: str) -> dict[str, str]:
 
 
 def ensure_world(
-    cfg: WorldConfig, targets: list[str] | None = None, num_cpus: int = 0
+    cfg: WorldConfig, targets: list[str] | None = None, num_cpus: int = 0, crawl: bool = False
 ) -> dict[str, Any]:
     """Build the missing parts of the demo world for ``targets`` and return its paths.
 
-    ``targets`` defaults to ``[cfg.target or "tiny"]``; ``cfg.target`` (else the first
-    target) is the one whose ``manifest``/``model``/``reference`` are returned at the top
-    level, every target's paths are under ``"targets"``. ``num_cpus`` (0 = this machine's
-    cores) is what each training asks Ray for, and its torch thread count.
+    ``targets`` defaults to ``[cfg.target or "tiny"]`` (``[]``: the corpora only, no model);
+    ``cfg.target`` (else the first target) is the one whose ``manifest``/``model``/
+    ``reference`` are returned at the top level, every target's paths are under
+    ``"targets"``. ``num_cpus`` (0 = this machine's cores) is what each training asks Ray
+    for, and its torch thread count. ``crawl``: also the leakage survey's demo crawl
+    (``demo/crawl.py``), whose paths are under ``"crawl"``.
     """
-    targets = list(targets or [cfg.target or "tiny"])
+    targets = list([cfg.target or "tiny"] if targets is None else targets)
     if cfg.target and cfg.target not in targets:
         targets.insert(0, cfg.target)
     for t in targets:
@@ -532,7 +545,10 @@ def ensure_world(
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _build(cfg, root, targets, num_cpus or _default_cpus())
-    primary = cfg.target or targets[0]
+        if crawl:
+            _build_crawl(cfg, root)
+    primary = cfg.target or (targets[0] if targets else "")
+    paths = _paths(root, primary) if primary else {}
     return {
         "root": str(root),
         "world_json": str(root / "world.json"),
@@ -541,9 +557,48 @@ def ensure_world(
         "split": str(root / "corpus" / "split.json"),
         "books_dir": str(root / "books"),
         "target": primary,
-        **_paths(root, primary),
+        **paths,
         "targets": {t: _paths(root, t) for t in targets},
+        **({"crawl": _crawl_paths(root)} if crawl else {}),
     }
+
+
+def _crawl_paths(root: Path) -> dict[str, Any]:
+    c = root / "crawl"
+    meta = json.loads((c / "crawl.json").read_text("utf-8"))
+    return {
+        "root": str(c),
+        "shards": [str(c / "shards" / name) for name in meta["shards"]],
+        "planted": str(c / "planted.jsonl"),
+        "benchmark": str(c / "benchmark.jsonl"),
+        "books_dir": str(root / "books"),
+        "meta": meta,
+    }
+
+
+def _build_crawl(cfg: WorldConfig, root: Path) -> None:
+    from mia_ray.demo.crawl import CRAWL_FORMAT, CRAWL_SCALES, build_crawl, write_crawl
+
+    meta = _load_meta(cfg, root)
+    done = meta["steps"].get("crawl", {})
+    want = {"format": CRAWL_FORMAT, "settings": asdict(CRAWL_SCALES[cfg.scale])}
+    if (root / "crawl" / "crawl.json").is_file() and all(done.get(k) == v for k, v in want.items()):
+        return
+    _log(f"writing the {cfg.scale} crawl (pages, benchmark, planted records) under {root}")
+    t0 = time.monotonic()
+    evaluated = read_jsonl_rows(root / "corpus" / "documents.jsonl")
+    docs = evaluated + read_jsonl_rows(root / "corpus" / "reference_pool.jsonl")
+    web = {d["id"] for d in docs if d["id"].startswith("web/")}
+    # Spans come from the scenes in books/, the folder the demo's copyright store is built from.
+    books = [Doc(d["id"], d["text"], "books") for d in evaluated if d["id"].startswith("books/")]
+    tmp = _tmp_dir(root, "crawl")
+    try:
+        info = write_crawl(build_crawl(cfg.scale, cfg.seed, web, books), tmp)
+        _publish(tmp, root / "crawl")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    meta["steps"]["crawl"] = {"elapsed_s": round(time.monotonic() - t0, 2), **info}
+    _write_json(root / "world.json", meta)
 
 
 def _load_meta(cfg: WorldConfig, root: Path) -> dict[str, Any]:
@@ -629,10 +684,13 @@ def _build(cfg: WorldConfig, root: Path, targets: list[str], threads: int) -> No
             _log(f"building {step} with {threads} CPU(s) in {where}")
             t0 = time.monotonic()
             tmp = _tmp_dir(root / "models", step)
-            if step == "smollm2":
-                manifest = json.loads((root / "manifests" / "smollm2.json").read_text("utf-8"))
-                members = {d for d, y in manifest.items() if y == 1}
-                texts = read_jsonl_texts(root / "corpus" / "documents.jsonl", members)
+            if step.startswith("smollm2"):
+                if step == "smollm2":
+                    manifest = json.loads((root / "manifests" / "smollm2.json").read_text("utf-8"))
+                    members = {d for d, y in manifest.items() if y == 1}
+                    texts = read_jsonl_texts(root / "corpus" / "documents.jsonl", members)
+                else:
+                    texts = control_texts(root, SCALES[cfg.scale].smollm2_docs)
                 job = _run(
                     _finetune_smollm2,
                     threads,
@@ -642,6 +700,7 @@ def _build(cfg: WorldConfig, root: Path, targets: list[str], threads: int) -> No
                     scale=cfg.scale,
                     seed=cfg.seed + SEED_OFFSETS[step],
                     threads=threads,
+                    name=step,
                 )
             else:
                 if step == "tiny-ref":

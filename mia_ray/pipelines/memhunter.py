@@ -444,16 +444,26 @@ def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[st
                 tmp = dest.with_name(dest.name + ".tmp")
                 ray.get(
                     task.remote(
-                        texts, base, str(tmp), d.finetune_epochs, d.finetune_lr, d.finetune_seed,
+                        texts,
+                        base,
+                        str(tmp),
+                        d.finetune_epochs,
+                        d.finetune_lr,
+                        d.finetune_seed,
                         threads,
                     )
                 )
                 tmp.replace(dest)
             paths[name] = str(dest)
+        elif name.startswith("@world:"):
+            path = cfg.world.resolved_root() / "models" / name[7:]
+            if not (path / "config.json").is_file():
+                raise MiaError(f"dataset_test: {name}: the demo world has no model {path}")
+            paths[name] = str(path)
         elif name.startswith("@"):
             raise MiaError(
                 f"dataset_test: unknown model {name!r} (use a path, a hub name, @target, "
-                "@reference, @finetune:members or @finetune:nonmembers)"
+                "@reference, @world:<model>, @finetune:members or @finetune:nonmembers)"
             )
         else:
             check_model_early(name, "dataset_test model")

@@ -273,3 +273,20 @@ def evaluate_scores(
         "n_nonmembers": int(y.size - y.sum()),
         "roc": {"fpr": fpr.tolist(), "tpr": tpr.tolist()},
     }
+
+
+def wilson_interval(k: int, n: int, ci: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion k/n (sound at k = 0 or k = n, unlike the
+    normal approximation). n = 0 gives (0, 1): nothing is known."""
+    from scipy.stats import norm
+
+    if n < 0 or not 0 <= k <= n:
+        raise MiaError(f"a proportion needs 0 <= k <= n, not k={k}, n={n}")
+    if n == 0:
+        return 0.0, 1.0
+    z = float(norm.ppf(0.5 + ci / 2))
+    p = k / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z / denom * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return float(max(0.0, center - half)), float(min(1.0, center + half))

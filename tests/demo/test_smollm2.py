@@ -92,3 +92,16 @@ def test_finetuned_target_learned_its_members(test_world, smollm2_base):
     )
     meta = json.loads(Path(world["world_json"]).read_text())
     assert meta["steps"]["smollm2"]["steps"] > 0 and meta["steps"]["smollm2"]["elapsed_s"] > 0
+    # smollm2-control: the same recipe on reference-pool text; it did not train on members.
+    control = meta["steps"]["smollm2-control"]
+    assert control["spec"] == meta["steps"]["smollm2"]["spec"] and control["seed"] == 4
+    assert control["documents"] == meta["steps"]["smollm2"]["documents"]
+    from mia_ray.demo.world import control_texts
+
+    pool = {json.loads(x)["text"] for x in open(world["reference_pool"])}
+    assert set(control_texts(Path(world["root"]), control["documents"])) <= pool
+    other, _, _ = load_causal_lm(
+        str(Path(world["root"]) / "models" / "smollm2-control"), device="cpu", dtype="float32"
+    )
+    gain = _mean_logprob(other, tok, texts) - _mean_logprob(base, tok, texts)
+    assert abs(gain[y == 1].mean() - gain[y == 0].mean()) < 0.05

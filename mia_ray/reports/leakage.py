@@ -1,0 +1,149 @@
+"""The leakage survey's report.json and report.html: leakage rates per category with their
+intervals (the paper's Table 2), per PII type and per shard, precision and recall against the
+planted truth, and the matches themselves so a person can check them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mia_ray.reports.html import (
+    _new_figure,
+    _png,
+    fmt_pct,
+    fmt_pct_ci,
+    img_html,
+    list_html,
+    page,
+    paragraph,
+    table_html,
+)
+from mia_ray.reports.io import write_json, write_text
+
+HOW_TO_READ = (
+    "The leakage rate of a category is the share of scanned documents with at least one "
+    "finding of it (Kaneko et al., §2), with a Wilson interval. Personal information: 20 "
+    "regular-expression types, each with its own check (docs/pii.md), plus person names "
+    "from the US Census 1990 name lists; a document counts if it holds any of them, as in "
+    "the paper. Copyrighted text and benchmark data: a document counts if it contains a "
+    "span of the stated number of consecutive words (after normalising case, punctuation and "
+    "line breaks) of a reference text. Where the corpus has planted records with known "
+    "places, recall is the share of them found and precision the share of matches that are "
+    "planted ones; real text also holds real personal data nobody planted, which lowers "
+    "precision and is listed for checking."
+)
+
+LABELS = {"pii": "personal information", "copyright": "copyrighted text", "benchmark": "benchmark"}
+
+
+def rates_figure(rates: Mapping[str, Mapping[str, Any]]) -> bytes:
+    """Leakage rate per category with its interval."""
+    fig, axes = _new_figure(5.6, 3.0)
+    ax = axes[0]
+    names = list(rates)
+    vals = [rates[n]["rate"] for n in names]
+    lo = [rates[n]["rate"] - rates[n]["ci"][0] for n in names]
+    hi = [rates[n]["ci"][1] - rates[n]["rate"] for n in names]
+    ax.bar(range(len(names)), vals, yerr=[lo, hi], capsize=4, color="#4c72b0")
+    ax.set_xticks(range(len(names)), [LABELS.get(n, n) for n in names])
+    ax.set_ylabel("share of documents")
+    ax.set_ylim(0, 1)
+    ax.set_title("Leakage rate")
+    return _png(fig)
+
+
+def render_leakage_report(report: Mapping[str, Any], out_path: Path) -> Path:
+    lr = report["leakage_rate"]
+    sections = [("How to read this", paragraph(HOW_TO_READ))]
+    crawl = report["crawl"]
+    sections.append(
+        (
+            "Leakage rate (Table 2)",
+            paragraph(
+                f"{crawl['documents']} documents, {crawl['megabytes']:.2f} MB in "
+                f"{len(crawl['shards'])} shards."
+            )
+            + table_html(
+                [
+                    [
+                        LABELS[c],
+                        fmt_pct(r["rate"]),
+                        fmt_pct_ci(r["ci"]),
+                        r["documents"],
+                        r.get("planted"),
+                        r.get("found"),
+                        r.get("precision"),
+                        r.get("recall"),
+                    ]
+                    for c, r in lr.items()
+                ],  # fmt: skip
+                ["category", "rate", "CI", "documents", "planted", "found", "precision", "recall"],
+            )
+            + img_html(rates_figure(lr), "leakage rate per category"),
+        )
+    )
+    types = report.get("pii_types", {})
+    sections.append(
+        (
+            "Personal information by type",
+            table_html(
+                [
+                    [t, fmt_pct(r["rate"]), fmt_pct_ci(r["ci"]), r["documents"]]
+                    for t, r in types.items()
+                ]
+                + [
+                    [
+                        "any of the 20 types (no names)",
+                        fmt_pct(report["pii_without_names"]["rate"]),
+                        fmt_pct_ci(report["pii_without_names"]["ci"]),
+                        report["pii_without_names"]["documents"],
+                    ]
+                ],
+                ["type", "rate", "CI", "documents"],
+            ),  # fmt: skip
+        )
+    )
+    truth = report.get("truth")
+    if truth:
+        names = truth["person_name"]
+        body = paragraph(
+            f"Person names: {names['found']} of {names['planted']} planted names found "
+            f"({fmt_pct(names['recall'])}); {names['matches']} name matches in all."
+        )
+        if names["missed"]:
+            body += paragraph("Planted names not found:") + list_html(
+                sorted({m["value"] for m in names["missed"]})
+            )
+        wrong = truth["pii"]["unplanted_matches"][:20]
+        if wrong:
+            body += paragraph("Personal-information matches nobody planted (check them):")
+            body += table_html(wrong, ["shard", "doc_id", "type", "value"])
+        sections.append(("Against the planted truth", body))
+    sections.append(
+        (
+            "Per shard",
+            table_html(
+                [
+                    [s, r["documents"], r["bytes"], *(fmt_pct(r[c]["rate"]) for c in LABELS)]
+                    for s, r in report.get("shards", {}).items()
+                ],
+                ["shard", "documents", "bytes", *LABELS.values()],
+            ),  # fmt: skip
+        )
+    )
+    sections.append(
+        (
+            f"Matches (first {len(report['matches'])} of {report['matches_total']}; all in matches.parquet)",
+            table_html(
+                [{**m, "value": str(m["value"])[:120]} for m in report["matches"][:200]],
+                ["shard", "doc_id", "category", "type", "start", "end", "value", "ref"],
+            ),
+        )
+    )
+    return write_text(out_path, page("Leakage survey", sections, subtitle="mia-ray leakage"))
+
+
+def write_report(report: Mapping[str, Any], out: Path) -> None:
+    write_json(out / "report.json", report)
+    render_leakage_report(report, out / "report.html")
