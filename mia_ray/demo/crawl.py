@@ -36,7 +36,7 @@ from mia_ray.demo.corpora import Doc, web_docs, web_pool
 from mia_ray.errors import MiaError
 from mia_ray.features.shingles import words_with_offsets
 
-CRAWL_FORMAT = 2  # bump when what build_crawl writes changes
+CRAWL_FORMAT = 3  # bump when what build_crawl writes changes
 
 
 @dataclass(frozen=True)
@@ -177,6 +177,8 @@ def pii_value(kind: str, rng: random.Random) -> str:
     if kind == "vin":
         chars = "ABCDEFGHJKLMNPRSTUVWXYZ0123456789"
         vin = "1" + "".join(rng.choice(chars) for _ in range(16))
+        # Position 10 is the model year, which is never U, Z or 0.
+        vin = vin[:9] + rng.choice("ABCDEFGHJKLMNPRSTVWXY123456789") + vin[10:]
         return vin[:8] + vin_check(vin) + vin[9:]
     if kind == "passport_number":
         return rng.choice(string.ascii_uppercase) + digits(8)

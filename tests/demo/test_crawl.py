@@ -31,7 +31,7 @@ def test_every_planted_value_is_found_by_its_own_scanner_type():
 
     rng = random.Random(0)
     for kind in PII_KINDS:
-        for _ in range(5):
+        for _ in range(50):  # enough draws to hit the rare cases (a VIN's year letter)
             value = pii_value(kind, rng)
             text = TEMPLATES[kind].format(name="Mary Johnson", value=value)
             got = [(m.type, m.value) for m in scan_pii(text, names=False)]
