@@ -12,7 +12,7 @@ OUT ?= runs/copycheck-demo
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup demo attack-demo lumia-demo memhunter-demo test lint bench clean-world
+.PHONY: setup demo attack-demo lumia-demo memhunter-demo leakage-demo test lint bench clean-world
 
 setup: $(VENV)/.installed
 
@@ -35,6 +35,9 @@ lumia-demo: setup
 
 memhunter-demo: setup
 	$(VENV)/bin/mia-ray memhunter --config jobs/memhunter_demo.yaml --out runs/memhunter-demo
+
+leakage-demo: setup
+	$(VENV)/bin/mia-ray leakage --config jobs/leakage_demo.yaml --out runs/leakage-demo
 
 test: setup
 	$(VENV)/bin/python -m pytest -q
