@@ -109,16 +109,25 @@ class ShingleStore:
     @classmethod
     def build(cls, texts: Iterable[tuple[str, str]], span: int) -> ShingleStore:
         """From ``(ref_id, text)`` pairs."""
+        return cls.from_hashes(
+            ((ref_id, window_hashes(words_with_offsets(text)[0], span)) for ref_id, text in texts),
+            span,
+        )
+
+    @classmethod
+    def from_hashes(cls, items: Iterable[tuple[str, np.ndarray]], span: int) -> ShingleStore:
+        """From ``(ref_id, window hashes)`` pairs hashed elsewhere (e.g. by Ray Data workers);
+        a text with no window (shorter than ``span``) is counted in ``skipped``."""
         ids, hs, refs, poss, skipped = [], [], [], [], 0
-        for ref_id, text in texts:
-            h = window_hashes(words_with_offsets(text)[0], span)
+        for ref_id, h in items:
+            h = np.asarray(h, dtype=np.uint64)
             if not len(h):
                 skipped += 1
                 continue
             refs.append(np.full(len(h), len(ids), dtype=np.int32))
             poss.append(np.arange(len(h), dtype=np.int32))
             hs.append(h)
-            ids.append(ref_id)
+            ids.append(str(ref_id))
         if not ids:
             raise MiaError(f"no reference text has {span} words or more: nothing to match against")
         return cls(

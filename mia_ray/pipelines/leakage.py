@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from mia_ray.config import LeakageJobConfig, to_dict
@@ -117,29 +116,16 @@ def _stores(cfg: LeakageJobConfig, out: Path) -> dict[str, str]:
             ds = _reference_texts(category, cfg).map_batches(
                 _hash_batch, fn_kwargs={"span": span}, batch_format="pandas", batch_size=64
             )
-            ids, hs, refs, poss, skipped = [], [], [], [], 0
-            for b in ds.iter_batches(batch_format="pandas", batch_size=None):
-                for ref_id, h in zip(b["ref_id"], b["hashes"], strict=True):
-                    h = np.asarray(h, dtype=np.uint64)
-                    if not len(h):
-                        skipped += 1
-                        continue
-                    refs.append(np.full(len(h), len(ids), dtype=np.int32))
-                    poss.append(np.arange(len(h), dtype=np.int32))
-                    hs.append(h)
-                    ids.append(str(ref_id))
-            if not ids:
-                raise MiaError(
-                    f"scan.{category}: no reference text has {span} words or more "
-                    f"(scan.{category}_span); nothing to match against"
-                )
-            store = ShingleStore(
-                span, ids, np.concatenate(hs), np.concatenate(refs), np.concatenate(poss), skipped
-            )
+            batches = ds.iter_batches(batch_format="pandas", batch_size=None)
+            pairs = (p for b in batches for p in zip(b["ref_id"], b["hashes"], strict=True))
+            try:
+                store = ShingleStore.from_hashes(pairs, span)
+            except MiaError as e:
+                raise MiaError(f"scan.{category} (scan.{category}_span = {span}): {e}") from None
             store.save(path)
             log(
-                f"{category} store: {len(ids)} texts, {len(store)} windows of {span} words "
-                f"({skipped} shorter texts left out) in {time.monotonic() - t0:.1f} s"
+                f"{category} store: {len(store.ref_ids)} texts, {len(store)} windows of {span} words "
+                f"({store.skipped} shorter texts left out) in {time.monotonic() - t0:.1f} s"
             )
         stores[category] = str(path)
     return stores
