@@ -167,26 +167,34 @@ class ShingleStore:
         return np.where(hit, at_c, -1).astype(np.int64)
 
     def match(self, text: str) -> list[SpanMatch]:
-        """Runs of consecutive windows of ``text`` found in the store, each run continuing one
-        reference text in order (its windows are at consecutive reference positions)."""
+        """Maximal runs of consecutive windows of ``text`` found in the store that continue
+        one reference text in order (at consecutive reference positions). A window that
+        several references share (a question quoting its passage) keeps every alignment
+        alive; a run names the first reference id, by id, of those it follows to its end, so
+        the result does not depend on the order the store was built in."""
         words, starts, ends = words_with_offsets(text)
-        found = self.lookup(window_hashes(words, self.span))
+        queries = window_hashes(words, self.span)
+        lo = np.searchsorted(self.hashes, queries, side="left")
+        hi = np.searchsorted(self.hashes, queries, side="right")
         out: list[SpanMatch] = []
-        run: list[int] | None = None  # [ref, ref_word, first window, last window]
-        for j in np.flatnonzero(found >= 0).tolist():
-            ref, pos = int(self.ref[found[j]]), int(self.pos[found[j]])
-            if run and j == run[3] + 1 and ref == run[0] and pos == run[1] + (j - run[2]):
-                run[3] = j
-                continue
-            if run:
-                out.append(self._span(run, starts, ends))
-            run = [ref, pos, j, j]
-        if run:
-            out.append(self._span(run, starts, ends))
+        first = last = -1
+        alive: set[tuple[int, int]] = set()  # (ref, its position at the run's first window)
+        for j in np.flatnonzero(hi > lo).tolist():
+            cands = {(int(self.ref[k]), int(self.pos[k])) for k in range(lo[j], hi[j])}
+            if alive and j == last + 1:
+                kept = {(r, p - (j - first)) for r, p in cands} & alive
+                if kept:
+                    alive, last = kept, j
+                    continue
+            if alive:
+                out.append(self._span(alive, first, last, starts, ends))
+            alive, first, last = set(cands), j, j
+        if alive:
+            out.append(self._span(alive, first, last, starts, ends))
         return out
 
-    def _span(self, run: list[int], starts: np.ndarray, ends: np.ndarray) -> SpanMatch:
-        ref, ref_word, first, last = run
+    def _span(self, alive, first: int, last: int, starts: np.ndarray, ends: np.ndarray):
+        ref, ref_word = min(alive, key=lambda a: (self.ref_ids[a[0]], a[1]))
         end_word = last + self.span
         return SpanMatch(
             ref, ref_word, first, end_word, int(starts[first]), int(ends[end_word - 1])

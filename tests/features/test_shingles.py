@@ -92,3 +92,16 @@ def test_merge_and_save_load_keep_every_window(tmp_path):
     assert back.ref_ids[m.ref] == "B" and m.ref_word == 3
     with pytest.raises(MiaError, match="share one span"):
         ShingleStore.merge([one, ShingleStore.build([("C", REF)], span=5)])
+
+
+def test_a_window_two_references_share_gives_one_run_whatever_the_build_order():
+    passage = " ".join(f"p{i}" for i in range(30))
+    question = " ".join(f"p{i}" for i in range(20)) + " ____"  # quotes the passage's start
+    doc = "intro words here " + passage + " Question: " + question
+    for items in ([("item#passage", passage), ("item#question", question)],
+                  [("item#question", question), ("item#passage", passage)]):  # fmt: skip
+        store = ShingleStore.build(items, span=10)
+        ms = [(store.ref_ids[m.ref], m.word_start, m.word_end) for m in store.match(doc)]
+        # The passage's whole copy is one run (not cut where the question's windows end),
+        # and the question's own copy after it is another.
+        assert ms == [("item#passage", 3, 33), ("item#question", 34, 55)], ms

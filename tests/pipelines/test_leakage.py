@@ -118,3 +118,24 @@ def test_bad_input_is_one_clear_error(tmp_path, capsys, ray_local):
     assert main(["leakage", "--set", "crawl.demo=true", "--set", "scan.pii_types=[emial]",
                  "--out", str(tmp_path / "o")]) == 2  # fmt: skip
     assert "unknown type 'emial'; did you mean 'email'?" in capsys.readouterr().err
+
+
+def test_notebook_redraws_the_rates_from_the_run(run, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    out, report = run
+    monkeypatch.setenv("MIA_RAY_RUN", str(out))
+    nb = nbformat.read("notebooks/leakage.ipynb", as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    text = "".join(
+        o.get("text", "") + o.get("data", {}).get("text/plain", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+    )
+    rate = round(100 * report["leakage_rate"]["copyright"]["rate"], 2)
+    assert f"{rate}" in text and "recomputed from matches: True" in text
+    assert "60 documents" in text
+    png = out / "leakage_pii_types.png"
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 3000
