@@ -168,14 +168,16 @@ def _train(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path) -> d
 
 
 def _extract(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path, adapter: str):
-    """k trials per pair: trial j samples one hunter prompt per pair (seeded by pair and j),
-    all pairs of a split in one batched round; the round's wall clock is its cost. Rows:
-    split, pair_id, trial, prompt, mu, loss, round_s. Cached per split."""
+    """For each budget k, the k trials of every pair of a split run side by side (MemHunter
+    extracts with inference alone, its k prompts in parallel): trial j samples pair p's
+    prompt from seed (p, j), so a budget's prompts are the first k of the largest one's, and
+    the batch's wall clock is that budget's cost. Rows: split, budget, pair_id, trial, prompt,
+    out_ids, mu, loss, round_s. Cached per split."""
     from mia_ray.reports.io import write_parquet
     from mia_ray.train.hunter import pair_seed
 
-    h, n_trials = cfg.hunter, max(cfg.extraction.trials)
-    fp = fingerprint(n_trials, cfg.extraction.seed, h.prompt_tokens, h.sample_top_k,
+    h, ks = cfg.hunter, sorted(set(cfg.extraction.trials))
+    fp = fingerprint(ks, cfg.extraction.seed, h.prompt_tokens, h.sample_top_k,
                      h.sample_temperature, adapter, cfg.model.name_or_path)  # fmt: skip
     frames = []
     for split in cfg.extraction.splits:
@@ -187,21 +189,25 @@ def _extract(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path, ad
             frames.append(pd.read_parquet(f))
             continue
         rows = []
-        for j in range(n_trials):
+        for k in ks:
+            batch = part.loc[part.index.repeat(k)].assign(trial=np.tile(np.arange(k), len(part)))
             t0 = time.perf_counter()
-            seeds = [pair_seed(cfg.extraction.seed, "trial", p, j) for p in part["pair_id"]]
+            seeds = [
+                pair_seed(cfg.extraction.seed, "trial", p, j)
+                for p, j in zip(batch["pair_id"], batch["trial"], strict=True)
+            ]
             prompts = hunter.sample(
-                list(part["x"]), h.prompt_tokens, h.sample_top_k, h.sample_temperature, seeds
+                list(batch["x"]), h.prompt_tokens, h.sample_top_k, h.sample_temperature, seeds
             )
             texts = [hunter.decode(p) for p in prompts]
-            res = target.frame(part[["pair_id", "x_ids", "y_ids"]].assign(prompt=texts))
+            res = target.frame(batch[["pair_id", "trial", "x_ids", "y_ids"]].assign(prompt=texts))
             dt = time.perf_counter() - t0
-            rows.append(res.assign(split=split, trial=j, round_s=dt))
-            log(f"extraction [{split}]: trial {j + 1}/{n_trials} ({dt:.1f} s)")
+            rows.append(res.assign(split=split, budget=k, round_s=dt))
+            log(f"extraction [{split}]: k = {k}, {len(batch)} prompts side by side ({dt:.1f} s)")
         df = pd.concat(rows, ignore_index=True)
-        df = df[["split", "pair_id", "trial", "prompt", "out_ids", "mu", "loss", "round_s"]]
-        write_parquet(f, df)
-        frames.append(df)
+        cols = ["split", "budget", "pair_id", "trial", "prompt", "out_ids", "mu", "loss", "round_s"]
+        write_parquet(f, df[cols])
+        frames.append(df[cols])
     return pd.concat(frames, ignore_index=True)
 
 
@@ -220,24 +226,24 @@ def _stage(out: Path, name: str, fp: str, compute) -> tuple[list[dict], pd.DataF
     return rows, frame
 
 
-def _memhunter_rows(trials: pd.DataFrame, ks: list[int]) -> list[dict]:
+def _memhunter_rows(runs: pd.DataFrame) -> list[dict]:
+    """One row per split and budget k, from that budget's own batch of k prompts per pair."""
     from mia_ray.features.lcss import best_of_k
 
     rows = []
-    for split, part in trials.groupby("split", sort=False):
-        rounds = part.groupby("trial")["round_s"].first().sort_index().to_numpy()
-        for r in best_of_k(part, ks).to_dict("records"):
-            rows.append(
-                {
-                    "method": "memhunter",
-                    "split": split,
-                    "trials": r["k"],
-                    "seconds": float(rounds[: r["k"]].sum()),
-                    "avg_lcss": r["avg_lcss"],
-                    "hit_rate": r["hit_rate"],
-                    "pairs": r["pairs"],
-                }
-            )
+    for (split, k), part in runs.groupby(["split", "budget"], sort=False):
+        r = best_of_k(part, [int(k)]).iloc[0]
+        rows.append(
+            {
+                "method": "memhunter",
+                "split": split,
+                "trials": int(k),
+                "seconds": float(part["round_s"].iloc[0]),
+                "avg_lcss": float(r["avg_lcss"]),
+                "hit_rate": float(r["hit_rate"]),
+                "pairs": int(r["pairs"]),
+            }
+        )
     return rows
 
 
@@ -334,7 +340,7 @@ def _plugin(cfg, target: TargetPool, pairs, trials) -> tuple[list[dict], pd.Data
         return [], pd.DataFrame()
     tri = trials[trials["split"] == "test"]
     n_test = tri["pair_id"].nunique()
-    presearch = float(tri.groupby("trial")["round_s"].first().sum()) / max(1, n_test)
+    presearch = float(tri["round_s"].iloc[0]) / max(1, n_test) if len(tri) else 0.0
     best = tri.sort_values(["mu", "loss"], ascending=[False, True]).groupby("pair_id").head(1)
     best = best.set_index("pair_id")["prompt"]
     allowed = target.allowed()
@@ -607,8 +613,10 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
         )
         training = _train(cfg, hunter, target, pairs, out)
         hunter.load_adapter(training["adapter"])
-        trials = _extract(cfg, hunter, target, pairs, out, training["adapter"])
-        extraction = _memhunter_rows(trials, sorted(cfg.extraction.trials))
+        runs = _extract(cfg, hunter, target, pairs, out, training["adapter"])
+        extraction = _memhunter_rows(runs)
+        # The largest budget's prompts (a superset of the others') serve everything after.
+        trials = runs[runs["budget"] == runs["budget"].max()].drop(columns="budget")
         outputs = [trials.assign(method="memhunter")]
         methods = cfg.extraction.methods
         # Wall-clock-budgeted results cannot be recomputed identically: a rerun reads them back.
@@ -736,9 +744,11 @@ def _notes(cfg: MemHunterJobConfig, power: dict) -> list[str]:
         f"{h.beams} beams over {h.prompt_tokens}-token prompts (paper: top-48, 4 beams, 10 "
         f"iterations), prompt pool {h.pool_size}, LoRA r {h.lora_r} / alpha {h.lora_alpha}, "
         f"{h.epochs} epochs, lr {h.lr:g}.",
-        "Seconds are wall clock on this run's resources. MiniPrompt (GCG from random tokens) "
-        "gets, per budget, the seconds MemHunter took for k prompts; Manual is one greedy "
-        "continuation of the prefix alone.",
+        "Seconds are wall clock on this run's resources. At budget k, MemHunter samples k "
+        "prompts per pair and the target continues them all in one batched pass (inference "
+        "alone, in parallel, as the paper uses it); MiniPrompt (GCG from random tokens) gets, "
+        "per budget, the seconds MemHunter took; Manual is one greedy continuation of the "
+        "prefix alone.",
         f"Plug-in: GCG runs until mu = 1 or {e.plugin_max_s:g} s (censored there), from the "
         "hunter's best prompt (its pre-search time added) or from random tokens.",
         "The paper's dataset test (p > alpha means memorized) is shown for comparison only: a "

@@ -1,7 +1,9 @@
-"""The shipped demo job on the demo world itself (not the test world): the acceptance numbers.
+"""The shipped demo jobs on the demo world itself (not the test world): the acceptance numbers.
 
-Builds the demo world once (about 10 minutes on 2 cores) into $MIA_RAY_HOME, the same
-place `make demo` uses, so a machine that ran the demo reuses it.
+Builds the demo world's tiny GPTs once (11-20 minutes on 2 cores) into $MIA_RAY_HOME, the
+same place `make demo` uses, so a machine that ran the demo reuses it. That build is why these
+run apart from the default suite: `make acceptance` (CI runs both), or
+`pytest -m acceptance`.
 """
 
 import json
@@ -10,7 +12,7 @@ import pytest
 
 from mia_ray.cli import main
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.acceptance]
 
 
 def _run(out, target):

@@ -44,18 +44,27 @@ def test_extraction_rows_cover_every_method_and_budget(run):
         assert col in rows
     mem = rows[rows["method"] == "memhunter"]
     assert set(mem["split"]) == {"test", "nonmember"}
-    for _, part in mem.groupby("split"):
+    runs = pd.concat(pd.read_parquet(p) for p in (out / "extraction").glob("*.parquet"))
+    for split, part in mem.groupby("split"):
         part = part.sort_values("trials")
         assert list(part["trials"]) == [2, 4]
-        # Best of k is monotone in k, and so is the time k prompts took.
-        assert part["avg_lcss"].is_monotonic_increasing and part["seconds"].is_monotonic_increasing
+        mine = runs[runs["split"] == split]
+        # Each budget is its own batch of k prompts per pair, timed as one: its seconds.
+        for _, r in part.iterrows():
+            batch = mine[mine["budget"] == r["trials"]]
+            assert len(batch) == r["trials"] * r["pairs"]
+            assert batch["round_s"].nunique() == 1 and r["seconds"] == batch["round_s"].iloc[0]
+        # Seeds are per (pair, trial): budget 2's prompts are budget 4's first two.
+        small = mine[mine["budget"] == 2].set_index(["pair_id", "trial"])["prompt"]
+        large = mine[mine["budget"] == 4].set_index(["pair_id", "trial"])["prompt"]
+        assert small.sort_index().equals(large.loc[small.index].sort_index())
     # MiniPrompt gets MemHunter's seconds at each budget, on the test split (its default).
     mini = rows[rows["method"] == "miniprompt"].set_index(["split", "trials"])
     assert set(mini.index.get_level_values("split")) == {"test"}
     for _, r in mem[mem["split"] == "test"].iterrows():
         assert mini.loc[("test", r["trials"]), "seconds"] == pytest.approx(r["seconds"])
     # The avg LCSS is recomputed from the stored trials: the best mu per pair over k trials.
-    trials = pd.concat(pd.read_parquet(p) for p in (out / "extraction").glob("test-*.parquet"))
+    trials = runs[(runs["split"] == "test") & (runs["budget"] == 4)]
     best4 = trials.groupby("pair_id")["mu"].max().mean()
     got = mem[(mem["split"] == "test") & (mem["trials"] == 4)]["avg_lcss"].item()
     assert got == pytest.approx(best4)
