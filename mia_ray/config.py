@@ -202,7 +202,9 @@ class FinetuneConfig:
 
 @dataclass
 class UncertaintyConfig:
-    """The three uncertainty models and how their samplers are placed (CopyCheck §IV-A2)."""
+    """The three uncertainty models and how their samplers are placed (CopyCheck §IV-A2).
+    ``blackbox`` (§V-E) fine-tunes nothing: the target itself answers 10 differently worded
+    "seen this text? 0 or 1" prompts per snippet through ``backend``."""
 
     samplers: list[str] = field(default_factory=lambda: ["mcd", "blob", "ensemble"])
     n_samples: int = 10  # stochastic passes (MC dropout) and weight draws (BLoB)
@@ -222,10 +224,11 @@ class UncertaintyConfig:
     eps: float = 1e-6  # probability clip inside logs
 
     def validate(self) -> None:
-        bad = sorted(set(self.samplers) - {"mcd", "blob", "ensemble"})
+        bad = sorted(set(self.samplers) - {"mcd", "blob", "ensemble", "blackbox"})
         if bad or not self.samplers:
             raise MiaError(
-                f"uncertainty.samplers must be a non-empty subset of mcd, blob, ensemble; got {bad or '[]'}"
+                "uncertainty.samplers must be a non-empty subset of mcd, blob, ensemble, "
+                f"blackbox; got {bad or '[]'}"
             )
         if self.placement not in ("adapters", "members"):
             raise MiaError(
@@ -310,6 +313,39 @@ class DetectConfig:
 
 
 @dataclass
+class BackendConfig:
+    """How to reach the models under audit. ``kind: local`` loads each of ``targets`` (a path,
+    a hub name, or ``@world:<model>`` for a demo-world model, ``@world:smollm2-base`` for
+    the base SmolLM2) with transformers in a Ray actor; ``kind: openai`` sends each target
+    name as ``model`` to an OpenAI-compatible ``/completions`` endpoint at ``base_url``
+    (key: ``$MIA_RAY_API_KEY`` or ``$OPENAI_API_KEY``; answers cached under
+    ``<out>/backend-cache`` so a rerun sends nothing twice). ``model``: the name the API
+    knows the model by (empty: the job's model). ``serve: true`` starts ``mia-ray serve`` for
+    the job's model on a free loopback port and sends to it: the HTTP path, end to end, on
+    one machine."""
+
+    kind: str = "local"
+    base_url: str = ""
+    model: str = ""
+    serve: bool = False
+    timeout_s: float = 60.0
+    max_retries: int = 5
+    rate_limit_rps: float = 0.0
+    batch_size: int = 8
+    bos_text: str = ""
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def validate(self) -> None:
+        if self.kind not in ("local", "openai"):
+            raise MiaError(f"backend.kind must be local or openai, not {self.kind!r}")
+        if self.kind == "openai" and not self.base_url and not self.serve:
+            raise MiaError("backend.base_url is empty: give the endpoint, e.g. http://host:8000/v1")
+        if self.batch_size < 1:
+            raise MiaError("backend.batch_size must be at least 1")
+
+
+@dataclass
 class CopyCheckJobConfig:
     """`mia-ray copycheck`: file-level seen/unseen from fine-tuning uncertainty (Li et al.)."""
 
@@ -322,8 +358,10 @@ class CopyCheckJobConfig:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     uncertainty: UncertaintyConfig = field(default_factory=UncertaintyConfig)
     detect: DetectConfig = field(default_factory=DetectConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)  # the blackbox sampler's
 
     def validate(self) -> None:
+        self.backend.validate()
         self.data.validate()
         self.experiment.validate()
         self.finetune.validate()
@@ -659,6 +697,8 @@ class ScanConfig:
     batch_size: int = 64  # documents per scanner call
     ci: float = 0.95
     max_listed_matches: int = 500  # report.json lists this many; matches.parquet has all
+    shards_per_pass: int = 8  # shards per Ray Data pass: the actors start once per pass
+    instance_words: int = 64  # = features.leaks.INSTANCE_WORDS; a text match's instance: its first N words (PII: its sentence)
 
     def validate(self) -> None:
         from mia_ray.features.pii import PII_TYPE_NAMES
@@ -670,23 +710,60 @@ class ScanConfig:
             )
         if self.copyright_span < 1 or self.benchmark_span < 1:
             raise MiaError("scan.copyright_span and scan.benchmark_span must be at least 1 word")
+        if self.instance_words < 1 or self.shards_per_pass < 1:
+            raise MiaError("scan.instance_words and scan.shards_per_pass must be at least 1")
         if self.workers < 1 or self.batch_size < 1 or not 0 < self.ci < 1:
             raise MiaError("scan.workers and scan.batch_size must be positive, scan.ci in (0, 1)")
 
 
 @dataclass
+class LeakEvalConfig:
+    """Output rate and detection rate (the survey's §3-4) on ``targets``; empty = the scan only.
+    Per category, ``instances`` leaked instances (found by the scan) are evaluated, after
+    ``max(shots, few_shot_curve) / 2`` more that serve, with their counterparts, as the
+    few-shot examples and as the labelled set the score methods' thresholds are chosen on."""
+
+    targets: list[str] = field(default_factory=list)
+    instances: int = 24
+    shots: int = 16  # the paper's 8 leaked + 8 non-leaked
+    few_shot_curve: list[int] = field(default_factory=lambda: [0, 2, 4, 8, 16])
+    paraphrase_rate: float = 0.3  # share of eligible words swapped in a text counterpart
+    min_k_ratio: float = 0.2
+    ci: float = 0.95
+    seed: int = 0
+
+    def validate(self) -> None:
+        for n in [self.shots, *self.few_shot_curve]:
+            if n < 0 or n % 2:
+                raise MiaError(
+                    f"eval: few-shot counts come in leaked/non-leaked pairs; {n} is not even"
+                )
+        if self.instances < 1:
+            raise MiaError("eval.instances must be at least 1")
+        if not 0 < self.paraphrase_rate <= 1 or not 0 < self.min_k_ratio <= 1:
+            raise MiaError("eval.paraphrase_rate and eval.min_k_ratio must lie in (0, 1]")
+        if not 0 < self.ci < 1:
+            raise MiaError("eval.ci must lie in (0, 1)")
+
+
+@dataclass
 class LeakageJobConfig:
     """`mia-ray leakage`: how much personal data, copyrighted text and benchmark data sits
-    in a corpus sample (the leakage survey's leakage rate)."""
+    in a corpus sample (the leakage survey's leakage rate), and, for ``eval.targets``, how
+    readily each model emits it (output rate) and tells it from non-leaked text (detection)."""
 
     world: WorldConfig = field(default_factory=WorldConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     crawl: CrawlConfig = field(default_factory=CrawlConfig)
     scan: ScanConfig = field(default_factory=ScanConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    eval: LeakEvalConfig = field(default_factory=LeakEvalConfig)
 
     def validate(self) -> None:
         self.crawl.validate()
         self.scan.validate()
+        self.backend.validate()
+        self.eval.validate()
 
 
 @dataclass

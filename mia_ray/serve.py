@@ -318,3 +318,23 @@ def _greedy(backend: LocalHFBackend, ids: list[int], max_new: int, top_n: int):
             out.append((nxt, float(logp[nxt]), top_id.tolist(), top_lp.tolist()))
             step = torch.tensor([[nxt]], device=backend.device)
     return out, "length"
+
+
+def serve_in_thread(model: str, model_id: str = "", device: str = "auto"):
+    """Serve ``model`` (as ``model_id``, default its path) on a free loopback port from a
+    daemon thread of this process: ``(base_url, stop)``. What a job uses to reach a local
+    model through real HTTP, as it would reach a remote API."""
+    server = make_server(model, port=0, device=device)
+    if model_id:
+        server.model_id = model_id
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+    )
+    thread.start()
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+    return server.base_url, stop

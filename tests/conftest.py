@@ -34,3 +34,29 @@ def test_world(tmp_path_factory):
     root = os.environ.get("MIA_RAY_TEST_WORLD") or str(tmp_path_factory.mktemp("world-test"))
     cfg = WorldConfig(root=root, scale="test", seed=0, target="tiny")
     return ensure_world(cfg, ["tiny", "tiny-random"], num_cpus=2)
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def run_notebook(monkeypatch):
+    """``run_notebook(name, run_dir)`` executes ``notebooks/<name>`` on ``run_dir`` (through
+    ``MIA_RAY_RUN``, as a user would) and returns ``(notebook, text of every output)``."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    def execute(name: str, run_dir, timeout: int = 300, cwd: str = ""):
+        monkeypatch.setenv("MIA_RAY_RUN", str(run_dir))
+        nb = nbformat.read(os.path.join(REPO, "notebooks", name), as_version=4)
+        resources = {"metadata": {"path": cwd}} if cwd else {}
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources=resources).execute()
+        text = "".join(
+            o.get("text", "") + o.get("data", {}).get("text/plain", "")
+            for c in nb.cells
+            if c.cell_type == "code"
+            for o in c.outputs
+        )
+        return nb, text
+
+    return execute

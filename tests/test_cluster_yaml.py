@@ -95,3 +95,19 @@ def test_memhunter_job_configs_load_with_the_papers_settings_on_the_cluster():
     assert c.extraction.trials == [5, 10, 20, 30] and c.resources.gpus_per_actor == 1.0
     demo = load_config(MemHunterJobConfig, str(ROOT / "jobs" / "memhunter_demo.yaml"))
     assert demo.world.target == "smollm2" and demo.hunter.model == ""
+
+
+def test_leakage_job_configs_load_with_the_papers_settings():
+    from mia_ray.config import LeakageJobConfig
+
+    c = load_config(LeakageJobConfig, str(ROOT / "jobs" / "leakage_cluster.yaml"))
+    assert c.scan.copyright_span == 300 and c.eval.shots == 16 and c.scan.workers == 32
+    assert (c.backend.device, c.resources.gpus_per_actor) == ("cuda", 1.0)
+    assert c.eval.targets == ["EleutherAI/pythia-1.4b", "EleutherAI/pythia-1.4b-deduped"]
+    demo = load_config(LeakageJobConfig, str(ROOT / "jobs" / "leakage_demo.yaml"))
+    assert demo.crawl.demo and demo.eval.targets[0] == "@world:smollm2-crawl"
+    assert demo.eval.few_shot_curve == [0, 2, 4, 8, 16]
+    from mia_ray.config import CopyCheckJobConfig
+
+    bb = load_config(CopyCheckJobConfig, str(ROOT / "jobs" / "copycheck_blackbox_demo.yaml"))
+    assert bb.uncertainty.samplers == ["blackbox"] and bb.backend.serve

@@ -74,8 +74,10 @@ def test_shipped_job_configs_are_valid():
 COPYCHECK_ERRORS = [
     (
         ["uncertainty.samplers=[mcd,gauss]"],
-        "non-empty subset of mcd, blob, ensemble; got \\['gauss'\\]",
+        "non-empty subset of mcd, blob, ensemble, blackbox; got \\['gauss'\\]",
     ),
+    (["backend.kind=grpc"], "backend.kind must be local or openai, not 'grpc'"),
+    (["backend.kind=openai"], "backend.base_url is empty"),
     (["uncertainty.placement=nodes"], "placement must be adapters or members, not 'nodes'"),
     (["uncertainty.placement_strategy=RANDOM"], "placement_strategy must be PACK, SPREAD"),
     (["uncertainty.n_samples=1"], "n_samples and uncertainty.ensemble_size must be at least 2"),

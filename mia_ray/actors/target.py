@@ -185,23 +185,28 @@ class TargetLM:
     ) -> dict:
         """GCG on one pair for ``max(budgets_s)`` seconds of wall clock (MiniPrompt, and the
         plug-in from a hunter prompt). ``prompt_ids`` (target tokens) is the start; an empty
-        one is not allowed. Returns the prompt at each budget (``snapshots``), the steps run,
-        and with ``stop_at_full`` the seconds until mu reached 1 (checked every
-        ``check_every`` steps; the checks count towards the time), else None."""
+        one is not allowed. Returns, in the order of ``budgets_s`` (which need not be sorted),
+        the prompt at each budget (``snapshots``) and the steps run by then
+        (``snapshot_steps``); the steps run in all; and with ``stop_at_full`` the seconds until
+        mu reached 1 (checked every ``check_every`` steps; the checks count towards the time),
+        else None."""
         import time
 
         if not prompt_ids:
             raise ValueError("gcg_run needs a non-empty starting prompt")
         rng = np.random.default_rng(seed)
         allowed = self.allowed_tokens()
-        budgets = sorted(float(b) for b in budgets_s)
+        order = sorted(range(len(budgets_s)), key=lambda i: float(budgets_s[i]))
+        budgets = [float(budgets_s[i]) for i in order]
         prompt, snaps, steps, recovered = list(map(int, prompt_ids)), [], 0, None
+        at: list[int] = []
         x, y = list(map(int, x_ids)), list(map(int, y_ids))
         t0 = time.perf_counter()
         while len(snaps) < len(budgets):
             elapsed = time.perf_counter() - t0
             while len(snaps) < len(budgets) and elapsed >= budgets[len(snaps)]:
                 snaps.append(list(prompt))
+                at.append(steps)
             if len(snaps) == len(budgets):
                 break
             prompt, _ = self.gcg_step(prompt, x, y, top_k, n_candidates, rng, allowed)
@@ -210,5 +215,14 @@ class TargetLM:
                 out = self.generate([prompt + x], len(y))[0]
                 if memorization(out, y) >= 1.0:
                     recovered = time.perf_counter() - t0
+                    at += [steps] * (len(budgets) - len(snaps))
                     snaps += [list(prompt)] * (len(budgets) - len(snaps))
-        return {"snapshots": snaps, "steps": steps, "recovered_s": recovered}
+        back = [0] * len(order)
+        for pos, i in enumerate(order):
+            back[i] = pos
+        return {
+            "snapshots": [snaps[back[i]] for i in range(len(order))],
+            "snapshot_steps": [at[back[i]] for i in range(len(order))],
+            "steps": steps,
+            "recovered_s": recovered,
+        }

@@ -12,7 +12,29 @@ __all__ = [
     "LocalHFBackend",
     "OpenAICompletionsBackend",
     "choice_logprobs",
+    "from_spec",
 ]
+
+
+def from_spec(spec: dict) -> Backend:
+    """A backend from a plain dict (``BackendConfig`` fields plus ``model``, ``torch_threads``
+    and ``cache_dir``): ``kind: local`` loads ``model`` here, ``kind: openai`` sends it as
+    the API's model name to ``base_url``."""
+    if spec["kind"] == "openai":
+        from mia_ray.backends.openai_api import OpenAICompletionsBackend
+
+        return OpenAICompletionsBackend(
+            spec["base_url"], spec["model"], timeout_s=spec["timeout_s"],
+            max_retries=spec["max_retries"], rate_limit_rps=spec["rate_limit_rps"],
+            batch_size=spec["batch_size"], cache_dir=spec.get("cache_dir", ""),
+            bos_text=spec.get("bos_text", ""), cache_scope=spec.get("cache_scope", ""),
+        )  # fmt: skip
+    from mia_ray.backends.local import LocalHFBackend
+
+    return LocalHFBackend(
+        spec["model"], device=spec.get("device", "auto"), dtype=spec.get("dtype", "auto"),
+        batch_size=spec["batch_size"], torch_threads=spec.get("torch_threads", 0),
+    )  # fmt: skip
 
 
 def __getattr__(name: str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,11 +25,27 @@ class TokenScores:
     top_logprobs: np.ndarray
 
 
+SHARED_PREFIX_MIN = 32  # tokens: below this, one padded batch is as cheap as a cached prefix
+
+
+def _shared_prefix(seqs: list[list[int]], n_last: list[int]) -> int:
+    """Length of the token prefix all rows share, short of each row's last context token
+    (every row keeps one context token of its own to predict its continuation from)."""
+    limit = min(len(s) - n - 1 for s, n in zip(seqs, n_last, strict=True))
+    first = seqs[0]
+    k = 0
+    while k < limit and all(s[k] == first[k] for s in seqs):
+        k += 1
+    return k
+
+
 class LocalHFBackend(Backend):
     """Score with a causal LM loaded by :func:`mia_ray.models.hf.load_causal_lm`.
 
     Requests are sorted by length and run ``batch_size`` at a time, left-padded so every
-    continuation ends its row and only its positions are projected onto the vocabulary. A
+    continuation ends its row and only its positions are projected onto the vocabulary.
+    When all requests of a call share a long token prefix (a few-shot block), the prefix
+    runs once and its KV cache serves every row. A
     context too long for the model (``max_length``; 0 = the model's own limit) loses its
     oldest tokens; the continuation is never cropped.
     """
@@ -60,6 +77,9 @@ class LocalHFBackend(Backend):
         limits = [n for n in (max_length, limit) if n and n > 0]
         self.max_length = min(limits) if limits else 0  # 0: no limit known
         tok = self.tokenizer
+        # transformers 5 renamed the KV cache argument and output field to `cache`.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_key = "cache" if "cache" in params else "past_key_values"
         self.bos_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (self.bos_id or 0)
 
@@ -132,11 +152,62 @@ class LocalHFBackend(Backend):
                     )
         return out
 
+    def score_shared(self, seqs: list[list[int]], n_last: list[int], shared: int):
+        """:meth:`score_last` for sequences whose first ``shared`` tokens are the same: that
+        prefix runs once and its KV cache serves every row (a few-shot block asked about
+        many texts costs one pass, not one per text). Rows are right-padded after it."""
+        import copy
+
+        import torch
+
+        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+        out: list[TokenScores | None] = [None] * len(seqs)
+        with torch.inference_mode():
+            pre = torch.tensor([seqs[0][:shared]], device=self.device)
+            res = self.model(input_ids=pre, use_cache=True)
+            cache = getattr(res, "cache", None) or res.past_key_values
+            for b in range(0, len(order), self.batch_size):
+                idx = order[b : b + self.batch_size]
+                rest = [seqs[i][shared:] for i in idx]
+                width = max(len(r) for r in rest)
+                ids = torch.full((len(idx), width), self.pad_id, dtype=torch.long)
+                mask = torch.zeros((len(idx), shared + width), dtype=torch.long)
+                mask[:, :shared] = 1
+                for row, r in enumerate(rest):
+                    ids[row, : len(r)] = torch.tensor(r)
+                    mask[row, shared : shared + len(r)] = 1
+                past = copy.deepcopy(cache)
+                past.batch_repeat_interleave(len(idx))
+                pos = torch.arange(shared, shared + width)[None].expand(len(idx), -1)
+                logits = self.model(
+                    input_ids=ids.to(self.device),
+                    attention_mask=mask.to(self.device),
+                    position_ids=pos.to(self.device),
+                    **{self._cache_key: past},
+                ).logits
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                for row, i in enumerate(idx):
+                    n, m = n_last[i], len(rest[row])
+                    lp = logp[row, m - n - 1 : m - 1]
+                    target = ids[row, m - n : m].to(lp.device)
+                    out[i] = TokenScores(
+                        lp.gather(-1, target[:, None]).squeeze(-1).cpu().numpy(),
+                        lp.argmax(-1).cpu().numpy(),
+                        np.zeros((n, 0), np.int64),
+                        np.zeros((n, 0), np.float32),
+                    )
+        return out
+
     def loglikelihood(self, requests: list[LoglikRequest]) -> list[LoglikResult]:
         if not requests:
             return []
         encoded = self.encode(requests)
-        scores = self.score_last([e[0] for e in encoded], [e[1] for e in encoded])
+        seqs, n_last = [e[0] for e in encoded], [e[1] for e in encoded]
+        shared = _shared_prefix(seqs, n_last)
+        if len(seqs) > 1 and shared >= SHARED_PREFIX_MIN:
+            scores = self.score_shared(seqs, n_last, shared)
+        else:
+            scores = self.score_last(seqs, n_last)
         results = []
         for (ids, n), s in zip(encoded, scores, strict=True):
             cont = ids[-n:]

@@ -105,7 +105,9 @@ class OpenAICompletionsBackend(Backend):
     again, ``max_retries`` attempts in all (the first included), after an exponential back-off
     from ``backoff_s`` with jitter, or after the server's ``Retry-After``. Other 4xx answers
     stop at once. With ``cache_dir`` every answer is kept per prompt in an sqlite3 file, so a
-    rerun (also from a new instance) sends only prompts it has not sent before.
+    rerun (also from a new instance) sends only prompts it has not sent before; answers are
+    keyed by ``cache_scope`` (default: the base URL), the model and the prompt, so a server
+    that moves to another port can keep its answers under a scope of its own.
 
     ``bos_text`` scores an empty context: it is put before the continuation as the one context
     token (e.g. ``"<|endoftext|>"`` for GPT-2 style models, whose servers read it as that
@@ -126,6 +128,7 @@ class OpenAICompletionsBackend(Backend):
         batch_size: int = 16,
         cache_dir: str = "",
         bos_text: str = "",
+        cache_scope: str = "",
     ):
         if not base_url.startswith(("http://", "https://")):
             raise MiaError(f"base_url must start with http:// or https://, not {base_url!r}")
@@ -136,6 +139,8 @@ class OpenAICompletionsBackend(Backend):
         if timeout_s <= 0:
             raise MiaError(f"timeout_s must be positive, not {timeout_s}")
         self.base_url = base_url.rstrip("/")
+        # Cached answers belong to (scope, model, prompt); the scope defaults to the endpoint.
+        self.cache_scope = cache_scope or self.base_url
         self.url = self.base_url + "/completions"
         self.model = model
         self.name = f"openai:{model}@{self.base_url}"
@@ -168,7 +173,7 @@ class OpenAICompletionsBackend(Backend):
         }
 
     def _key(self, prompt: str) -> str:
-        blob = json.dumps([self.base_url, self.model, self._body(prompt)], sort_keys=True)
+        blob = json.dumps([self.cache_scope, self.model, self._body(prompt)], sort_keys=True)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
     def loglikelihood(self, requests: list[LoglikRequest]) -> list[LoglikResult]:

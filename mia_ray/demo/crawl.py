@@ -339,6 +339,22 @@ def build_crawl(scale: str, seed: int, world_web_ids: set[str], books: list[Doc]
     }
 
 
+def planted_instances(crawl: dict[str, Any], instance_words: int) -> list[str]:
+    """The instance of every planted record (not names), cut from its page as the leakage
+    survey cuts a match's instance (:func:`mia_ray.features.leaks.instance_span`), in
+    planting order: what the world's ``smollm2-crawl`` is fine-tuned on."""
+    from mia_ray.features.leaks import instance_span
+
+    texts = {p["id"]: p["text"] for p in crawl["pages"]}
+    out: dict[str, None] = {}
+    for r in crawl["planted"]:
+        if r["type"] != "person_name":
+            text = texts[r["doc_id"]]
+            a, b = instance_span(text, r["start"], r["end"], r["category"], instance_words)
+            out.setdefault(text[a:b])
+    return list(out)
+
+
 def write_crawl(crawl: dict[str, Any], out: Path) -> dict[str, Any]:
     """Shards in turn as jsonl, parquet and a folder of text files; the truth beside them."""
     import pyarrow as pa

@@ -54,10 +54,13 @@ from mia_ray.train.lm import FinetuneSpec, TinyLMSpec
 
 # Bump when the layout or a build rule changes: worlds built before then fail the fingerprint.
 WORLD_FORMAT = 1
-TARGETS = ("tiny", "tiny-random", "smollm2")
+TARGETS = ("tiny", "tiny-random", "smollm2", "smollm2-crawl")
 SMOLLM2_BASE = "smollm2-135m-instruct"
 # A model's seed is the world's seed plus its offset.
-SEED_OFFSETS = {"tiny": 0, "tiny-ref": 1, "tiny-random": 2, "smollm2": 3, "smollm2-control": 4}
+SEED_OFFSETS = {
+    "tiny": 0, "tiny-ref": 1, "tiny-random": 2, "smollm2": 3, "smollm2-control": 4,
+    "smollm2-crawl": 5,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -491,7 +494,13 @@ def _default_cpus() -> int:
 def _recipe(scale: str, step: str) -> dict[str, Any]:
     """The training recipe of a model step, as ``world.json`` records it."""
     spec = SCALES[scale].smollm2 if step.startswith("smollm2") else SCALES[scale].tiny
-    return json.loads(json.dumps(asdict(spec), default=list))
+    recipe = json.loads(json.dumps(asdict(spec), default=list))
+    if step == "smollm2-crawl":  # its texts come from the crawl: a new crawl retrains it
+        from mia_ray.demo.crawl import CRAWL_FORMAT
+        from mia_ray.features.leaks import INSTANCE_WORDS
+
+        recipe.update(crawl_format=CRAWL_FORMAT, instance_words=INSTANCE_WORDS)
+    return recipe
 
 
 def _model_steps(targets: list[str]) -> list[str]:
@@ -499,6 +508,7 @@ def _model_steps(targets: list[str]) -> list[str]:
         "tiny": ["tiny", "tiny-ref"],
         "tiny-random": ["tiny-random", "tiny-ref"],
         "smollm2": ["smollm2", "smollm2-control"],
+        "smollm2-crawl": ["smollm2-crawl"],  # the leakage survey's target: trained on the crawl
     }
     steps: list[str] = []
     for t in targets:
@@ -509,7 +519,7 @@ def _model_steps(targets: list[str]) -> list[str]:
 def _paths(root: Path, target: str) -> dict[str, str]:
     reference = (
         str(mia_ray_home() / "models" / SMOLLM2_BASE)
-        if target == "smollm2"
+        if target.startswith("smollm2")
         else str(root / "models" / "tiny-ref")
     )
     return {
@@ -544,9 +554,13 @@ def ensure_world(
     # One builder per world at a time: a second process waits, then finds the work done.
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        _build(cfg, root, targets, num_cpus or _default_cpus())
-        if crawl:
+        # smollm2-crawl trains on the crawl, which is built from the corpora.
+        after = [t for t in targets if t == "smollm2-crawl"]
+        _build(cfg, root, [t for t in targets if t not in after], num_cpus or _default_cpus())
+        if crawl or after:
             _build_crawl(cfg, root)
+        if after:
+            _build(cfg, root, after, num_cpus or _default_cpus())
     primary = cfg.target or (targets[0] if targets else "")
     paths = _paths(root, primary) if primary else {}
     return {
@@ -576,8 +590,20 @@ def _crawl_paths(root: Path) -> dict[str, Any]:
     }
 
 
+def _crawl(cfg: WorldConfig, root: Path) -> dict[str, Any]:
+    """The crawl, in memory (``build_crawl`` is pure: the same world gives the same crawl)."""
+    from mia_ray.demo.crawl import build_crawl
+
+    evaluated = read_jsonl_rows(root / "corpus" / "documents.jsonl")
+    docs = evaluated + read_jsonl_rows(root / "corpus" / "reference_pool.jsonl")
+    web = {d["id"] for d in docs if d["id"].startswith("web/")}
+    # Spans come from the scenes in books/, the folder the demo's copyright store is built from.
+    books = [Doc(d["id"], d["text"], "books") for d in evaluated if d["id"].startswith("books/")]
+    return build_crawl(cfg.scale, cfg.seed, web, books)
+
+
 def _build_crawl(cfg: WorldConfig, root: Path) -> None:
-    from mia_ray.demo.crawl import CRAWL_FORMAT, CRAWL_SCALES, build_crawl, write_crawl
+    from mia_ray.demo.crawl import CRAWL_FORMAT, CRAWL_SCALES, write_crawl
 
     meta = _load_meta(cfg, root)
     done = meta["steps"].get("crawl", {})
@@ -586,14 +612,9 @@ def _build_crawl(cfg: WorldConfig, root: Path) -> None:
         return
     _log(f"writing the {cfg.scale} crawl (pages, benchmark, planted records) under {root}")
     t0 = time.monotonic()
-    evaluated = read_jsonl_rows(root / "corpus" / "documents.jsonl")
-    docs = evaluated + read_jsonl_rows(root / "corpus" / "reference_pool.jsonl")
-    web = {d["id"] for d in docs if d["id"].startswith("web/")}
-    # Spans come from the scenes in books/, the folder the demo's copyright store is built from.
-    books = [Doc(d["id"], d["text"], "books") for d in evaluated if d["id"].startswith("books/")]
     tmp = _tmp_dir(root, "crawl")
     try:
-        info = write_crawl(build_crawl(cfg.scale, cfg.seed, web, books), tmp)
+        info = write_crawl(_crawl(cfg, root), tmp)
         _publish(tmp, root / "crawl")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -670,6 +691,7 @@ def _build(cfg: WorldConfig, root: Path, targets: list[str], threads: int) -> No
 
     def finish(step: str, info: dict[str, Any], tmp: Path, t0: float) -> None:
         _publish(tmp, root / "models" / step)
+        info["spec"] = _recipe(cfg.scale, step)
         info["wall_s"] = round(time.monotonic() - t0, 2)
         record(step, info)
         _log(f"{step} ready in {info['wall_s']:.0f} s: {root / 'models' / step}")
@@ -689,6 +711,11 @@ def _build(cfg: WorldConfig, root: Path, targets: list[str], threads: int) -> No
                     manifest = json.loads((root / "manifests" / "smollm2.json").read_text("utf-8"))
                     members = {d for d, y in manifest.items() if y == 1}
                     texts = read_jsonl_texts(root / "corpus" / "documents.jsonl", members)
+                elif step == "smollm2-crawl":
+                    from mia_ray.demo.crawl import planted_instances
+                    from mia_ray.features.leaks import INSTANCE_WORDS
+
+                    texts = planted_instances(_crawl(cfg, root), INSTANCE_WORDS)
                 else:
                     texts = control_texts(root, SCALES[cfg.scale].smollm2_docs)
                 job = _run(

@@ -89,3 +89,31 @@ def answer_logits(model, batch, answer_ids: list[int]):
         logits_to_keep=1,
     )
     return out.logits[:, -1, answer_ids].float()
+
+
+# CopyCheck's black-box variant (§V-E): N = 10 differently worded questions, answered 0 or 1.
+# The snippet comes first in most, as in DEFAULT_TEMPLATE; each ends where the answer starts.
+BLACKBOX_PROMPTS = (
+    "{text}\n\nHave you seen the text above before? Answer 1 for yes, 0 for no.\nAnswer:",
+    "{text}\n\nWas this passage part of your training data? Reply 1 (yes) or 0 (no).\nReply:",
+    "Text: {text}\nDid you read this text during training? 1 = yes, 0 = no.\nAnswer:",
+    "{text}\n\nIs this text familiar to you? Answer 1 if it is, 0 if it is not.\nAnswer:",
+    "Passage: {text}\n\nHave you met this passage before? Say 1 for yes or 0 for no.\nAnswer:",
+    "{text}\n\nQuestion: did this text appear in the data you were trained on? 1 means yes, "
+    "0 means no.\nAnswer:",
+    "Consider the following text.\n{text}\nHave you seen it before (1) or not (0)?\nAnswer:",
+    "{text}\n\nDo you recognise this text from your training? Answer 0 for no and 1 for yes."
+    "\nAnswer:",
+    "Here is a snippet: {text}\nWas it in your training set? Output 1 if yes, 0 if no.\nOutput:",
+    "{text}\n\nHave you been trained on this exact text? Respond 1 for yes, 0 for no.\nResponse:",
+)
+
+
+def blackbox_p1(lp0: float, lp1: float) -> float:
+    """p("1") from the log-probs of the answers " 0" and " 1": the softmax over the two,
+    as the white-box sampler takes it over their logits."""
+    m = max(lp0, lp1)
+    import math
+
+    e0, e1 = math.exp(lp0 - m), math.exp(lp1 - m)
+    return e1 / (e0 + e1)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import CLUSTER_METHODS, CopyCheckJobConfig
+from mia_ray.config import CLUSTER_METHODS, CopyCheckJobConfig, to_dict
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     check_target_early,
@@ -226,6 +226,10 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
     }
     result = sus[["snippet_id"]].copy()
     for sampler in uc.samplers:
+        if sampler == "blackbox":
+            got = _blackbox(cfg, sus, out)
+            result = result.merge(got, on="snippet_id", how="inner", validate="one_to_one")
+            continue
         members = (
             [m for m in ex_jobs if m.startswith("ens-")] if sampler == "ensemble" else [sampler]
         )
@@ -267,6 +271,113 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
     if len(result) != len(sus):
         raise MiaError(f"{e['name']}: sampled {len(result)} of {len(sus)} snippets")
     return result.sort_values("snippet_id").reset_index(drop=True)
+
+
+def _blackbox_spec(cfg: CopyCheckJobConfig, out: Path) -> dict[str, Any]:
+    b = cfg.backend
+    return {
+        **to_dict(b),
+        "model": b.model or cfg.model.name_or_path,
+        "torch_threads": max(1, int(np.ceil(cfg.uncertainty.cpus_per_actor))),
+        "cache_dir": str(out / "backend-cache") if b.kind == "openai" else "",
+        # A served model's port changes from run to run; its answers stay the model's.
+        "cache_scope": f"mia-ray-serve:{cfg.model.name_or_path}" if b.serve else "",
+    }
+
+
+def _fit_prompts(texts: list[str], model: str) -> list[str]:
+    """Snippets cropped (their tail dropped, as the white-box prompt does) so that every one
+    of the 10 prompts around them, and the answer, fit the model's positions. A model whose
+    files are here tells its limit; a remote API's prompts go as they are."""
+    from transformers import AutoConfig
+
+    from mia_ray.models.hf import load_tokenizer
+    from mia_ray.models.prompt import BLACKBOX_PROMPTS
+
+    conf = AutoConfig.from_pretrained(model).get_text_config()
+    limit = getattr(conf, "max_position_embeddings", None) or getattr(conf, "n_positions", None)
+    if not limit:
+        return texts
+    tok = load_tokenizer(model)
+    n = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    # One position for BOS, two for a token merged across the snippet's edges.
+    room = limit - 1 - max(n(t.replace("{text}", "") + " 0") for t in BLACKBOX_PROMPTS) - 2
+    out, cropped = [], 0
+    for text in texts:
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        if len(enc["input_ids"]) > room:
+            text = text[: enc["offset_mapping"][room - 1][1]]
+            cropped += 1
+        out.append(text)
+    if cropped:
+        log(f"blackbox: {cropped} of {len(texts)} snippets cropped to {room} tokens to fit {limit}")
+    return out
+
+
+def _blackbox(cfg: CopyCheckJobConfig, sus: pd.DataFrame, out: Path) -> pd.DataFrame:
+    """p("1") under each of the 10 prompts of §V-E for every snippet, through the backend in
+    one actor; cached per snippet set, so experiments sharing snippets ask once."""
+    import ray
+
+    from mia_ray.actors.backend import BackendActor
+    from mia_ray.models.prompt import BLACKBOX_PROMPTS, blackbox_p1
+    from mia_ray.reports.io import write_parquet
+
+    spec = _blackbox_spec(cfg, out)
+    if spec["kind"] == "local" or cfg.backend.serve:
+        sus = sus.assign(text=_fit_prompts(list(sus["text"]), cfg.model.name_or_path))
+    same = {
+        k: v
+        for k, v in spec.items()
+        if k not in ("cache_dir", "base_url" if cfg.backend.serve else "")
+    }
+    fp = fingerprint(_text_fp(sus), same, BLACKBOX_PROMPTS)
+    f = out / "samples" / "blackbox" / f"{fp}.parquet"
+    if f.is_file():
+        return pd.read_parquet(f).drop(columns="text")
+    where = spec["base_url"] or "a local model"
+    log(
+        f"blackbox: {len(sus)} snippets x {len(BLACKBOX_PROMPTS)} prompts via {spec['kind']} ({where})"
+    )
+    uc = cfg.uncertainty
+    actor = (
+        ray.remote(BackendActor)
+        .options(num_cpus=uc.cpus_per_actor, num_gpus=uc.gpus_per_actor)
+        .remote(spec)
+    )
+    try:
+        pairs = [(t.format(text=x), o) for x in sus["text"] for t in BLACKBOX_PROMPTS
+                 for o in (" 0", " 1")]  # fmt: skip
+        lps = []
+        step = 64 * 2 * len(BLACKBOX_PROMPTS)
+        for i in range(0, len(pairs), step):
+            lps += ray.get(actor.loglikelihood.remote(pairs[i : i + step]))
+            log(
+                f"blackbox: {min(i + step, len(pairs)) // (2 * len(BLACKBOX_PROMPTS))}/{len(sus)} snippets"
+            )
+        sent = ray.get(actor.stats.remote())
+    finally:
+        ray.kill(actor)
+    tot = np.array([sum(lp) for lp in lps]).reshape(len(sus), len(BLACKBOX_PROMPTS), 2)
+    p = [[blackbox_p1(a, b) for a, b in row] for row in tot]
+    # The text as prompted (maybe cropped) is kept beside its answers.
+    got = sus[["snippet_id", "text"]].assign(p_blackbox=p).reset_index(drop=True)
+    write_parquet(f, got)
+    got = got.drop(columns="text")
+    if spec["kind"] == "openai":
+        log(f"blackbox: {sent['requests_sent']} HTTP requests, {sent['cache_hits']} from the cache")
+    return got
+
+
+def _serve(cfg: CopyCheckJobConfig):
+    """``backend.serve``: the target behind `mia-ray serve` on loopback; returns its stop."""
+    from mia_ray.serve import serve_in_thread
+
+    name = cfg.backend.model or cfg.model.name_or_path
+    url, stop = serve_in_thread(cfg.model.name_or_path, name, device=cfg.model.device)
+    cfg.backend.kind, cfg.backend.base_url = "openai", url
+    log(f"blackbox: serving {name} at {url} (OpenAI-compatible, loopback)")
+    return stop
 
 
 def _members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
@@ -502,7 +613,9 @@ def run(cfg: CopyCheckJobConfig, out: Path) -> dict:
 
     t0 = time.time()
     resolve_world(cfg)
-    check_target_early(cfg.model)
+    remote_only = cfg.uncertainty.samplers == ["blackbox"] and cfg.backend.kind == "openai"
+    if not (remote_only and not cfg.backend.serve):  # an API-only model has no local files
+        check_target_early(cfg.model)
     docs, exps = _experiments(cfg)
     used = sorted(set().union(*(e["pseudo_label"].keys() for e in exps)))
     docs = docs[docs["doc_id"].isin(used)].reset_index(drop=True)
@@ -516,8 +629,10 @@ def run(cfg: CopyCheckJobConfig, out: Path) -> dict:
     t_data = time.time() - t0
 
     t1 = time.time()
-    jobs, records = _finetune(cfg, exps, snippets, out)
+    # The black-box sampler alone fine-tunes nothing.
+    jobs, records = _finetune(cfg, exps, snippets, out) if _members(cfg) else ([], [])
     t_train = time.time() - t1
+    server = _serve(cfg) if cfg.backend.serve and "blackbox" in cfg.uncertainty.samplers else None
 
     t2 = time.time()
     results, files, snip_tables = [], [], []
@@ -533,77 +648,87 @@ def run(cfg: CopyCheckJobConfig, out: Path) -> dict:
             )
         meeus = _meeus(cfg, tgt, out)
     blind = []
-    for e in exps:
-        preds = _sample(cfg, e, snippets, jobs, out)
-        preds = preds.merge(
-            snippets[["snippet_id", "doc_id"]], on="snippet_id", validate="one_to_one"
-        )
-        X, names, ale = _uncertainty(cfg, preds)
-        snip_doc = preds["doc_id"].to_numpy()
-        truth = e["truth"]
-        known = bool(truth) and all(d in truth for d in e["suspected"])
-        table = preds[["snippet_id", "doc_id"]].copy()
-        table["experiment"], table["n_unseen"] = e["name"], e["n_unseen"]
-        table["truth"] = table["doc_id"].map(truth) if known else np.nan
-        for s in cfg.uncertainty.samplers:
-            table[f"p_{s}"] = preds[f"p_{s}"]
-        for j, n in enumerate(names):
-            table[n] = X[:, j]
-        snip_tables.append(table)
-        for method in cfg.detect.methods:
-            det = _detect(cfg, e, X, snip_doc, ale, method)
-            if known:
+    try:
+        for e in exps:
+            preds = _sample(cfg, e, snippets, jobs, out)
+            preds = preds.merge(
+                snippets[["snippet_id", "doc_id"]], on="snippet_id", validate="one_to_one"
+            )
+            X, names, ale = _uncertainty(cfg, preds)
+            snip_doc = preds["doc_id"].to_numpy()
+            truth = e["truth"]
+            known = bool(truth) and all(d in truth for d in e["suspected"])
+            table = preds[["snippet_id", "doc_id"]].copy()
+            table["experiment"], table["n_unseen"] = e["name"], e["n_unseen"]
+            table["truth"] = table["doc_id"].map(truth) if known else np.nan
+            for s in cfg.uncertainty.samplers:
+                table[f"p_{s}"] = preds[f"p_{s}"]
+            for j, n in enumerate(names):
+                table[n] = X[:, j]
+            snip_tables.append(table)
+            for method in cfg.detect.methods:
+                det = _detect(cfg, e, X, snip_doc, ale, method)
+                if known:
+                    results.append(
+                        _row(
+                            method,
+                            e,
+                            confusion(det["verdict"], [truth[f] for f in det["file_ids"]]),
+                            "uncertainty",
+                        )
+                    )
+                if method == cfg.detect.methods[0]:
+                    for f, v, c in zip(
+                        det["file_ids"], det["verdict"], det["confidence"], strict=True
+                    ):
+                        files.append(
+                            {
+                                "experiment": e["name"],
+                                "n_unseen": e["n_unseen"],
+                                "method": method,
+                                "file_id": f,
+                                "verdict": "seen" if v == 1 else "unseen",
+                                "confidence": float(c),
+                                "label": int(truth[f]) if f in truth else None,
+                            }
+                        )
+            sus = set(e["suspected"])
+            for name in ("prob_tool", "neighbor_loss", "neighbor_ppl"):
+                if name not in base:
+                    continue
+                sids, F, score = base[name]
+                docs_of = snippets.set_index("snippet_id").loc[sids, "doc_id"].to_numpy()
+                keep = np.isin(docs_of, list(sus))
+                det = _detect(
+                    cfg, e, F[keep], docs_of[keep], score[keep], cfg.detect.baseline_method
+                )
+                if known:
+                    results.append(
+                        _row(
+                            name,
+                            e,
+                            confusion(det["verdict"], [truth[f] for f in det["file_ids"]]),
+                            name,
+                        )
+                    )
+            if meeus and "p_seen" in meeus and known:
+                fids = sorted(sus)
+                verdict = [int(meeus["p_seen"][f] >= 0.5) for f in fids]
                 results.append(
-                    _row(
-                        method,
-                        e,
-                        confusion(det["verdict"], [truth[f] for f in det["file_ids"]]),
-                        "uncertainty",
-                    )
+                    _row("meeus", e, confusion(verdict, [truth[f] for f in fids]), "meeus")
                 )
-            if method == cfg.detect.methods[0]:
-                for f, v, c in zip(det["file_ids"], det["verdict"], det["confidence"], strict=True):
-                    files.append(
-                        {
-                            "experiment": e["name"],
-                            "n_unseen": e["n_unseen"],
-                            "method": method,
-                            "file_id": f,
-                            "verdict": "seen" if v == 1 else "unseen",
-                            "confidence": float(c),
-                            "label": int(truth[f]) if f in truth else None,
-                        }
+            if cfg.eval.blind_baseline and known:
+                texts = docs.set_index("doc_id").loc[sorted(sus), "text"].tolist()
+                y = np.array([truth[f] for f in sorted(sus)])
+                if min(y.sum(), len(y) - y.sum()) >= 2:
+                    folds = int(min(cfg.eval.threshold_folds, y.sum(), len(y) - y.sum()))
+                    s = BlindBagOfWords(folds=folds, seed=cfg.eval.seed).oof_scores(texts, y)
+                    blind.append(
+                        {"experiment": e["name"], "n_unseen": e["n_unseen"], **_blind_row(s, y)}
                     )
-        sus = set(e["suspected"])
-        for name in ("prob_tool", "neighbor_loss", "neighbor_ppl"):
-            if name not in base:
-                continue
-            sids, F, score = base[name]
-            docs_of = snippets.set_index("snippet_id").loc[sids, "doc_id"].to_numpy()
-            keep = np.isin(docs_of, list(sus))
-            det = _detect(cfg, e, F[keep], docs_of[keep], score[keep], cfg.detect.baseline_method)
-            if known:
-                results.append(
-                    _row(
-                        name,
-                        e,
-                        confusion(det["verdict"], [truth[f] for f in det["file_ids"]]),
-                        name,
-                    )
-                )
-        if meeus and "p_seen" in meeus and known:
-            fids = sorted(sus)
-            verdict = [int(meeus["p_seen"][f] >= 0.5) for f in fids]
-            results.append(_row("meeus", e, confusion(verdict, [truth[f] for f in fids]), "meeus"))
-        if cfg.eval.blind_baseline and known:
-            texts = docs.set_index("doc_id").loc[sorted(sus), "text"].tolist()
-            y = np.array([truth[f] for f in sorted(sus)])
-            if min(y.sum(), len(y) - y.sum()) >= 2:
-                folds = int(min(cfg.eval.threshold_folds, y.sum(), len(y) - y.sum()))
-                s = BlindBagOfWords(folds=folds, seed=cfg.eval.seed).oof_scores(texts, y)
-                blind.append(
-                    {"experiment": e["name"], "n_unseen": e["n_unseen"], **_blind_row(s, y)}
-                )
+    finally:
+        if server is not None:
+            server()
     t_detect = time.time() - t2
     snip_all = pd.concat(snip_tables, ignore_index=True)
     write_parquet(out / "uncertainty.parquet", snip_all)
@@ -704,11 +829,25 @@ def _summary(results: list[dict]) -> dict:
 
 def _notes(cfg, report: dict) -> list[str]:
     ft = cfg.finetune
-    notes = [
-        f"Each experiment fine-tunes {len(_members(cfg))} models (LoRA r {ft.lora_r}, alpha "
-        f"{ft.lora_alpha}, lr {ft.lr:g}, {ft.epochs:g} epoch(s), batch {ft.batch_size}); MC dropout "
-        f"and BLoB give {cfg.uncertainty.n_samples} predictions per snippet, the ensemble one per "
-        "member. Each prediction is the softmax over the logits of the answer tokens 0 and 1 only.",
+    notes = []
+    if "blackbox" in cfg.uncertainty.samplers:
+        from mia_ray.models.prompt import BLACKBOX_PROMPTS
+
+        b = cfg.backend
+        notes.append(
+            f"Black-box sampler (§V-E): no fine-tune; the target answers {len(BLACKBOX_PROMPTS)} "
+            "differently worded 'seen this text? 0 or 1' prompts per snippet, through the "
+            f"{b.kind} backend{' at ' + b.base_url if b.kind == 'openai' else ''}; each "
+            "prediction is the softmax over the log-probs of the answers ' 0' and ' 1'."
+        )
+    if _members(cfg):
+        notes.append(
+            f"Each experiment fine-tunes {len(_members(cfg))} models (LoRA r {ft.lora_r}, alpha "
+            f"{ft.lora_alpha}, lr {ft.lr:g}, {ft.epochs:g} epoch(s), batch {ft.batch_size}); MC dropout "
+            f"and BLoB give {cfg.uncertainty.n_samples} predictions per snippet, the ensemble one per "
+            "member. Each prediction is the softmax over the logits of the answer tokens 0 and 1 only."
+        )
+    notes += [
         "Features: the 13 uncertainty metrics of §IV-B per sampler, standardized, PCA to "
         f"{cfg.detect.pca_components}, max-pooled per file. The group of files with the higher mean "
         "aleatoric uncertainty is called unseen (a rule, never the cluster index); a method that "

@@ -145,14 +145,18 @@ class LeakScanner:
     """One scanner actor: loads the stores once, then per batch of documents returns one row
     per document (``doc_id``, ``shard``, ``chars``, ``findings``: a JSON list)."""
 
-    def __init__(self, stores: dict[str, str], pii_types: list[str], names: bool):
+    def __init__(
+        self, stores: dict[str, str], pii_types: list[str], names: bool, instance_words: int = 64
+    ):
         from mia_ray.features.shingles import ShingleStore
 
         self.stores = {c: ShingleStore.load(p) for c, p in stores.items()}
         self.pii_types = pii_types or None
         self.names = names
+        self.instance_words = instance_words
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        from mia_ray.features.leaks import instance_span
         from mia_ray.features.pii import scan_pii
 
         found = []
@@ -169,6 +173,12 @@ class LeakScanner:
                          "end": m.char_end, "value": text[m.char_start : m.char_end],
                          "ref": store.ref_ids[m.ref]}
                     )  # fmt: skip
+            for r in rows:  # the instance the output and detection rates probe
+                if r["type"] != "person_name":
+                    a, b = instance_span(
+                        text, r["start"], r["end"], r["category"], self.instance_words
+                    )
+                    r["instance_start"], r["instance"] = a, text[a:b]
             found.append(json.dumps(rows, ensure_ascii=False))
         return pd.DataFrame(
             {
@@ -181,49 +191,69 @@ class LeakScanner:
         )
 
 
-def _scan(cfg: LeakageJobConfig, stores: dict[str, str], out: Path) -> pd.DataFrame:
-    """Every shard through the scanner pool; one parquet file per shard, skipped on a rerun."""
+def _scan_pass(cfg: LeakageJobConfig, stores: dict[str, str], todo, parts) -> None:
+    """One Ray Data pass over the shards in ``todo`` through one scanner pool (the actors
+    load the stores once per pass); each shard's rows are written when the pass ends."""
     import ray
 
     from mia_ray.data.readers import read_documents
 
     s = cfg.scan
-    key = fingerprint(stores, sorted(s.pii_types), s.names)
-    parts = []
-    for i, shard in enumerate(cfg.crawl.shards):
+    t0 = time.monotonic()
+    reads = [
+        read_documents(shard, text_field=cfg.crawl.text_field, id_field=cfg.crawl.id_field)
+        .select_columns(["doc_id", "text"])
+        .map_batches(lambda b, n=name: b.assign(shard=n), batch_format="pandas")
+        for name, shard in todo
+    ]
+    ds = reads[0].union(*reads[1:]) if len(reads) > 1 else reads[0]
+    log(f"scanning {len(todo)} shard(s) with {s.workers} scanner actor(s)")
+    res = ds.map_batches(
+        LeakScanner,
+        fn_constructor_kwargs={
+            "stores": stores,
+            "pii_types": s.pii_types,
+            "names": s.names,
+            "instance_words": s.instance_words,
+        },
+        compute=ray.data.ActorPoolStrategy(size=s.workers),
+        num_cpus=s.cpus_per_worker,
+        batch_size=s.batch_size,
+        batch_format="pandas",
+    )
+    df = res.to_pandas()
+    dt = time.monotonic() - t0
+    for name, _ in todo:
+        part = df[df["shard"] == name].sort_values("doc_id").reset_index(drop=True)
+        parts[name].parent.mkdir(parents=True, exist_ok=True)
+        tmp = parts[name].with_name(parts[name].name + ".tmp")
+        part.to_parquet(tmp, index=False)
+        tmp.replace(parts[name])
+        log(f"shard {name}: {len(part)} documents, {part['bytes'].sum() / 1e6:.2f} MB")
+    log(
+        f"scanned {len(df)} documents, {df['bytes'].sum() / 1e6:.2f} MB in {dt:.1f} s "
+        f"({len(df) / max(dt, 1e-9):.0f} documents/s)"
+    )
+
+
+def _scan(cfg: LeakageJobConfig, stores: dict[str, str], out: Path) -> pd.DataFrame:
+    """Every shard not scanned before, ``scan.shards_per_pass`` at a time through one scanner
+    pool each; one parquet file per shard, so a rerun (or a resumed run) skips finished ones."""
+    s = cfg.scan
+    key = fingerprint(stores, sorted(s.pii_types), s.names, s.instance_words)
+    parts, todo = {}, []
+    for shard in cfg.crawl.shards:
         name = Path(shard).name
-        part = out / "scan" / f"{name}-{fingerprint(key, _tree_stamp(Path(shard)))}.parquet"
-        if not part.is_file():
-            t0 = time.monotonic()
-            ds = read_documents(
-                shard, text_field=cfg.crawl.text_field, id_field=cfg.crawl.id_field
-            ).select_columns(["doc_id", "text"])
-            ds = ds.map_batches(lambda b, n=name: b.assign(shard=n), batch_format="pandas")
-            res = ds.map_batches(
-                LeakScanner,
-                fn_constructor_kwargs={
-                    "stores": stores,
-                    "pii_types": s.pii_types,
-                    "names": s.names,
-                },
-                compute=ray.data.ActorPoolStrategy(size=s.workers),
-                num_cpus=s.cpus_per_worker,
-                batch_size=s.batch_size,
-                batch_format="pandas",
-            )
-            df = res.to_pandas().sort_values("doc_id").reset_index(drop=True)
-            part.parent.mkdir(parents=True, exist_ok=True)
-            tmp = part.with_name(part.name + ".tmp")
-            df.to_parquet(tmp, index=False)
-            tmp.replace(part)
-            log(
-                f"shard {i + 1}/{len(cfg.crawl.shards)} {name}: {len(df)} documents, "
-                f"{df['bytes'].sum() / 1e6:.2f} MB in {time.monotonic() - t0:.1f} s"
-            )
+        parts[name] = out / "scan" / f"{name}-{fingerprint(key, _tree_stamp(Path(shard)))}.parquet"
+        if parts[name].is_file():
+            log(f"shard {name}: reusing the earlier scan")
         else:
-            log(f"shard {i + 1}/{len(cfg.crawl.shards)} {name}: reusing the earlier scan")
-        parts.append(pd.read_parquet(part))
-    return pd.concat(parts, ignore_index=True)
+            todo.append((name, shard))
+    step = max(1, s.shards_per_pass)
+    for first in range(0, len(todo), step):
+        _scan_pass(cfg, stores, todo[first : first + step], parts)
+    return pd.concat([pd.read_parquet(parts[Path(p).name]) for p in cfg.crawl.shards],
+                     ignore_index=True)  # fmt: skip
 
 
 def _findings(docs: pd.DataFrame) -> pd.DataFrame:
@@ -232,7 +262,8 @@ def _findings(docs: pd.DataFrame) -> pd.DataFrame:
         for d in docs.itertuples(index=False)
         for f in json.loads(d.findings)
     ]
-    cols = ["shard", "doc_id", "category", "type", "start", "end", "value", "ref"]
+    cols = ["shard", "doc_id", "category", "type", "start", "end", "value", "ref",
+            "instance_start", "instance"]  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -345,10 +376,32 @@ def _score(found: pd.DataFrame, truth_path: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------ pipeline
 
 
+def _model_keys(cfg: LeakageJobConfig, evaluation: dict | None) -> dict[str, Any]:
+    """output_rate, detection_rate and few_shot_curve of the first target (every target's
+    under ``eval.models``), with how instances, prompts and counterparts were made."""
+    if not evaluation or not evaluation["models"]:
+        return {}
+    from mia_ray.features import leaks
+
+    first = evaluation["models"][cfg.eval.targets[0]]
+    return {
+        "output_rate": first["output_rate"],
+        "detection_rate": first["detection_rate"],
+        "few_shot_curve": first["few_shot_curve"],
+        "eval": {
+            "target": cfg.eval.targets[0],
+            "instances": evaluation["instances"],
+            "models": evaluation["models"],
+            "method": " ".join((leaks.__doc__ or "").split()),
+            "refusals": list(leaks.REFUSALS),
+        },
+    }
+
+
 @pipeline(
     "leakage",
     LeakageJobConfig,
-    help="leakage survey: personal data, copyrighted text and benchmark data in a corpus",
+    help="leakage survey: personal data, copyrighted text and benchmark data in a corpus, and how models emit and detect it",
 )
 def run(cfg: LeakageJobConfig, out: Path) -> dict:
     from mia_ray.reports.leakage import write_report
@@ -368,6 +421,11 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
         if truth:
             row.update({k: truth[c][k] for k in ("planted", "found", "precision", "recall")})
         leakage_rate[c] = row
+    evaluation = None
+    if cfg.eval.targets:
+        from mia_ray.pipelines.leak_eval import run_eval
+
+        evaluation = run_eval(cfg, found, out)
     scanned_mb = float(docs["bytes"].sum()) / 1e6
     report = {
         "pipeline": "leakage",
@@ -378,7 +436,10 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
         "pii_without_names": rates["pii_without_names"],
         "shards": rates["shards"],
         "truth": truth,
-        "matches": found.head(cfg.scan.max_listed_matches).to_dict("records"),
+        **_model_keys(cfg, evaluation),
+        "matches": found.drop(columns=["instance_start", "instance"])
+        .head(cfg.scan.max_listed_matches)
+        .to_dict("records"),
         "matches_total": len(found),
         "config": to_dict(cfg),
         "runtime": {**describe(), "seconds": round(time.monotonic() - t0, 1)},

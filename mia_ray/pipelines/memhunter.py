@@ -323,7 +323,7 @@ def _miniprompt(
                     "avg_lcss": float(res["mu"].mean()),
                     "hit_rate": float((res["mu"] >= 1).mean()),
                     "pairs": len(res),
-                    "gcg_steps_mean": float(np.mean([run["steps"] for run in runs])),
+                    "gcg_steps_mean": float(np.mean([run["snapshot_steps"][b] for run in runs])),
                 }
             )
     return rows, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -1,6 +1,7 @@
 """The leakage survey's report.json and report.html: leakage rates per category with their
 intervals (the paper's Table 2), per PII type and per shard, precision and recall against the
-planted truth, and the matches themselves so a person can check them."""
+planted truth, the matches themselves so a person can check them, and for audited models the
+output rate (Table 3), detection rates per method (Table 4) and the few-shot curve (Figure 2)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,79 @@ def rates_figure(rates: Mapping[str, Mapping[str, Any]]) -> bytes:
     ax.set_ylim(0, 1)
     ax.set_title("Leakage rate")
     return _png(fig)
+
+
+METHOD_LABELS = {
+    "self_detection": "self-detection", "loss": "LOSS", "zlib": "PPL/zlib", "min_k": "Min-K%",
+    "majority_vote": "majority vote",
+}  # fmt: skip
+
+
+def few_shot_figure(models: Mapping[str, Mapping[str, Any]]) -> bytes:
+    """Self-detection accuracy against the number of few-shot examples (the paper's Figure 2),
+    one line per category and model."""
+    fig, axes = _new_figure(5.6, 3.2)
+    ax = axes[0]
+    for mi, (name, m) in enumerate(models.items()):
+        for c in LABELS:
+            rows = sorted(
+                (r for r in m["few_shot_curve"] if r["category"] == c), key=lambda r: r["shots"]
+            )
+            if rows:
+                ax.plot([r["shots"] for r in rows], [r["rate"] for r in rows], marker="o",
+                        linestyle="-" if mi == 0 else "--", label=f"{LABELS[c]} · {name}")  # fmt: skip
+    ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("few-shot examples (half leaked)")
+    ax.set_ylabel("detection rate")
+    ax.set_ylim(0, 1)
+    ax.set_title("Self-detection and the number of examples")
+    ax.legend(fontsize=6)
+    return _png(fig)
+
+
+def _model_sections(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    ev = report.get("eval")
+    if not ev:
+        return []
+    models = ev["models"]
+    out_rows, det_rows = [], []
+    for name, m in models.items():
+        for c, r in m["output_rate"].items():
+            out_rows.append([name, LABELS[c], fmt_pct(r["rate"]), fmt_pct_ci(r["ci"]), r["n"]])
+        for c, methods in m["detection_rate"].items():
+            for meth, r in methods.items():
+                det_rows.append([name, LABELS[c], METHOD_LABELS[meth], fmt_pct(r["rate"]),
+                                 fmt_pct_ci(r["ci"]), r["n"], r.get("auc")])  # fmt: skip
+    counts = ", ".join(f"{LABELS[c]} {n}" for c, n in ev["instances"].items())
+    how = paragraph(
+        f"Leaked instances per category (few-shot pool and evaluated): {counts}. {ev['method']}"
+    )
+    return [
+        (
+            "How the model side was measured",
+            how + paragraph("Refusals:") + list_html(ev["refusals"]),
+        ),
+        (
+            "Output rate (Table 3)",
+            paragraph(
+                "The share of leaked instances whose mean per-token log-probability after "
+                "their eliciting prompt is higher than the mean of the 8 refusals' (each "
+                "scored the same way, after the same prompt)."
+            )
+            + table_html(out_rows, ["model", "category", "output rate", "CI", "instances"]),
+        ),
+        (
+            "Detection rate (Table 4, Figure 1)",
+            paragraph(
+                "Accuracy on leaked instances and their non-leaked counterparts (half each). "
+                "LOSS, PPL/zlib and Min-K% flag an instance when its score passes a threshold "
+                "chosen on the few-shot pool; the majority vote takes the four, a tie going to "
+                "self-detection. AUC is the score's ranking quality, threshold-free."
+            )
+            + table_html(det_rows, ["model", "category", "method", "rate", "CI", "n", "AUC"]),
+        ),
+        ("Few-shot curve (Figure 2)", img_html(few_shot_figure(models), "few-shot curve")),
+    ]
 
 
 def render_leakage_report(report: Mapping[str, Any], out_path: Path) -> Path:
@@ -120,6 +194,7 @@ def render_leakage_report(report: Mapping[str, Any], out_path: Path) -> Path:
             body += paragraph("Personal-information matches nobody planted (check them):")
             body += table_html(wrong, ["shard", "doc_id", "type", "value"])
         sections.append(("Against the planted truth", body))
+    sections += _model_sections(report)
     sections.append(
         (
             "Per shard",

@@ -103,3 +103,22 @@ def test_gcg_step_never_raises_the_loss_and_swaps_at_most_one_allowed_token(targ
         prompt = new
     assert all(b <= a + 1e-6 for a, b in zip(losses, losses[1:], strict=False))
     assert losses[-1] < start  # four steps of 12 candidates find something better
+
+
+def test_gcg_run_returns_each_budgets_snapshot_in_the_order_given(target, pairs):
+    row = pairs.iloc[0]
+    allowed = target.allowed_tokens()
+    start = [int(t) for t in allowed[:4]]
+    # Budgets out of order (a larger batch of trials can take less time than a smaller one).
+    run = target.gcg_run(start, row["x_ids"], row["y_ids"], [0.6, 0.0, 0.3], 8, 4, seed=0)
+    assert len(run["snapshots"]) == len(run["snapshot_steps"]) == 3
+    at = run["snapshot_steps"]
+    assert at[1] == 0 and at[1] <= at[2] <= at[0] == run["steps"]
+    assert run["snapshots"][1] == start  # nothing has run at 0 s
+    # The steps replay: the same seed passes through the same prompts, and each snapshot is
+    # the prompt after as many steps as it says.
+    rng = np.random.default_rng(0)
+    seen = [start]
+    for _ in range(run["steps"]):
+        seen.append(target.gcg_step(seen[-1], row["x_ids"], row["y_ids"], 8, 4, rng, allowed)[0])
+    assert [seen[n] for n in at] == run["snapshots"]

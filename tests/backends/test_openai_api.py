@@ -225,6 +225,14 @@ def test_cache_sends_each_prompt_once(stub, tmp_path):
     # Another model behind the same URL is another cache entry.
     OpenAICompletionsBackend(s.url, "other-model", cache_dir=str(tmp_path)).loglikelihood([reqs[0]])
     assert s.hits == 3
+    # Another URL is too, unless both name the same cache scope (a server that moved port).
+    moved = s.url.replace("127.0.0.1", "localhost")
+    _backend(moved, cache_dir=str(tmp_path)).loglikelihood([reqs[0]])
+    assert s.hits == 4
+    _backend(s.url, cache_dir=str(tmp_path), cache_scope="m").loglikelihood([reqs[0]])
+    scoped = _backend(moved, cache_dir=str(tmp_path), cache_scope="m")
+    assert scoped.loglikelihood([reqs[0]]) == [want[0]] and s.hits == 5
+    assert scoped.cache_hits == 1
 
 
 def test_a_failed_request_is_not_cached(stub, tmp_path):

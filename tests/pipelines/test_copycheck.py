@@ -123,17 +123,9 @@ def test_a_killed_sampler_actor_is_replaced_and_the_numbers_do_not_change(run, t
     assert _numbers(again) == _numbers(report)
 
 
-def test_notebook_redraws_figure_1_and_table_2_from_the_run(run, monkeypatch):
-    from pathlib import Path
-
-    import nbformat
-    from nbclient import NotebookClient
-
+def test_notebook_redraws_figure_1_and_table_2_from_the_run(run, run_notebook):
     out, report = run
-    repo = Path(__file__).resolve().parents[2]
-    monkeypatch.setenv("MIA_RAY_RUN", str(out))
-    nb = nbformat.read(repo / "notebooks" / "copycheck.ipynb", as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    nb, _ = run_notebook("copycheck.ipynb", out)
     assert (out / "figure1.png").stat().st_size > 5000
     table_out = "".join(o.get("data", {}).get("text/plain", "") for o in nb.cells[3].outputs)
     for method in ("gmm", "prob_tool", "meeus"):

@@ -9,7 +9,6 @@ import pytest
 from mia_ray.cli import main
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _args(test_world, out, *extra):
@@ -119,20 +118,9 @@ def test_serial_probes_give_the_same_numbers_as_parallel(run, test_world, tmp_pa
     assert again["layers"] == report["layers"]
 
 
-def test_notebook_redraws_the_layer_plot_from_the_run(run, monkeypatch):
-    import nbformat
-    from nbclient import NotebookClient
-
+def test_notebook_redraws_the_layer_plot_from_the_run(run, run_notebook):
     out, report = run
-    monkeypatch.setenv("MIA_RAY_RUN", str(out))
-    nb = nbformat.read(REPO / "notebooks" / "lumia.ipynb", as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3").execute()
-    text = "".join(
-        o.get("text", "") + o.get("data", {}).get("text/plain", "")
-        for c in nb.cells
-        if c.cell_type == "code"
-        for o in c.outputs
-    )
+    nb, text = run_notebook("lumia.ipynb", out)
     best = report["best_layer"]
     assert f"{best['auc_mean']:.3f}" in text
     png = out / "lumia_layers.png"

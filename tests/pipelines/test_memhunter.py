@@ -151,20 +151,9 @@ def test_target_recovers_a_memorised_text_and_not_an_unseen_one(tmp_path, test_w
     assert res_non["mu"].max() <= 0.5
 
 
-def test_notebook_redraws_the_tables_from_the_run(run, monkeypatch):
-    import nbformat
-    from nbclient import NotebookClient
-
+def test_notebook_redraws_the_tables_from_the_run(run, run_notebook):
     out, report = run
-    monkeypatch.setenv("MIA_RAY_RUN", str(out))
-    nb = nbformat.read("notebooks/memhunter.ipynb", as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3").execute()
-    text = "".join(
-        o.get("text", "") + o.get("data", {}).get("text/plain", "")
-        for c in nb.cells
-        if c.cell_type == "code"
-        for o in c.outputs
-    )
+    nb, text = run_notebook("memhunter.ipynb", out)
     mem = next(r for r in report["extraction"] if r["method"] == "memhunter")
     assert f"{100 * mem['avg_lcss']:.2f}".rstrip("0").rstrip(".") in text
     assert "one-sided Welch" in text and "H0:" in text

@@ -237,18 +237,14 @@ def test_layer_figure_png_from_rows_or_dataframe_and_none_when_empty(report):
     assert layer_figure([{"part": "text", "probe": "mlp", "layer": 1, "auc_mean": None}]) is None
 
 
-def test_notebook_redraws_layers_best_layer_and_comparison(report, tmp_path, monkeypatch):
+def test_notebook_redraws_layers_best_layer_and_comparison(report, tmp_path, run_notebook):
     import nbformat
-    from nbclient import NotebookClient
 
     run = tmp_path / "run"
     write_json(run / "report.json", report)  # NaN -> null, as the pipeline writes it
-    monkeypatch.setenv("MIA_RAY_RUN", str(run))
-    nb = nbformat.read(REPO / "notebooks" / "lumia.ipynb", as_version=4)
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
-    NotebookClient(
-        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
+    shipped = nbformat.read(REPO / "notebooks" / "lumia.ipynb", as_version=4)
+    assert all(not c.get("outputs") for c in shipped.cells if c.cell_type == "code")
+    nb, _ = run_notebook("lumia.ipynb", run, timeout=120, cwd=str(tmp_path))
 
     def out(i):
         return "".join(o.get("text", "") for o in nb.cells[i].outputs)
