@@ -106,7 +106,7 @@ def test_leakage_job_configs_load_with_the_papers_settings():
     assert c.eval.targets == ["EleutherAI/pythia-1.4b", "EleutherAI/pythia-1.4b-deduped"]
     demo = load_config(LeakageJobConfig, str(ROOT / "jobs" / "leakage_demo.yaml"))
     assert demo.crawl.demo and demo.eval.targets[0] == "@world:smollm2-crawl"
-    assert demo.eval.few_shot_curve == [0, 2, 4, 8, 16]
+    assert demo.eval.few_shot_curve == [0, 4, 8, 16]
     from mia_ray.config import CopyCheckJobConfig
 
     bb = load_config(CopyCheckJobConfig, str(ROOT / "jobs" / "copycheck_blackbox_demo.yaml"))

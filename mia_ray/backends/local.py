@@ -16,13 +16,15 @@ class TokenScores:
     """Scores of a sequence's last ``n`` tokens, each predicted from all tokens before it.
 
     ``logprobs`` (n,) of the actual tokens, ``argmax`` (n,) the most likely token ids,
-    ``top_ids`` / ``top_logprobs`` (n, top_n) the ``top_n`` most likely ids and their log-probs.
+    ``top_ids`` / ``top_logprobs`` (n, top_n) the ``top_n`` most likely ids and their log-probs;
+    ``first``, when asked for, the whole distribution at the first of the n positions.
     """
 
     logprobs: np.ndarray
     argmax: np.ndarray
     top_ids: np.ndarray
     top_logprobs: np.ndarray
+    first: np.ndarray | None = None  # (vocab,) log-probs where the first of the n is predicted
 
 
 SHARED_PREFIX_MIN = 32  # tokens: below this, one padded batch is as cheap as a cached prefix
@@ -45,7 +47,8 @@ class LocalHFBackend(Backend):
     Requests are sorted by length and run ``batch_size`` at a time, left-padded so every
     continuation ends its row and only its positions are projected onto the vocabulary.
     When all requests of a call share a long token prefix (a few-shot block), the prefix
-    runs once and its KV cache serves every row. A
+    runs once and its KV cache serves every row; one-token continuations of the same context
+    (the answers of a multiple-choice question) are read from one row. A
     context too long for the model (``max_length``; 0 = the model's own limit) loses its
     oldest tokens; the continuation is never cropped.
     """
@@ -115,7 +118,9 @@ class LocalHFBackend(Backend):
             out.append((ids, n_cont))
         return out
 
-    def score_last(self, seqs: list[list[int]], n_last: list[int], top_n: int = 0):
+    def score_last(
+        self, seqs: list[list[int]], n_last: list[int], top_n: int = 0, keep_first: bool = False
+    ):
         """:class:`TokenScores` of the last ``n_last[i]`` tokens of each ``seqs[i]``
         (``1 <= n_last[i] < len(seqs[i])``), in the order given."""
         import torch
@@ -147,12 +152,15 @@ class LocalHFBackend(Backend):
                     top_id = np.zeros((len(idx), width, 0), np.int64)
                 for row, i in enumerate(idx):
                     n = n_last[i]
+                    first = logp[row, -n].cpu().numpy() if keep_first else None
                     out[i] = TokenScores(
-                        tok_lp[row, -n:], best[row, -n:], top_id[row, -n:], top_lp[row, -n:]
+                        tok_lp[row, -n:], best[row, -n:], top_id[row, -n:], top_lp[row, -n:], first
                     )
         return out
 
-    def score_shared(self, seqs: list[list[int]], n_last: list[int], shared: int):
+    def score_shared(
+        self, seqs: list[list[int]], n_last: list[int], shared: int, keep_first: bool = False
+    ):
         """:meth:`score_last` for sequences whose first ``shared`` tokens are the same: that
         prefix runs once and its KV cache serves every row (a few-shot block asked about
         many texts costs one pass, not one per text). Rows are right-padded after it."""
@@ -195,6 +203,7 @@ class LocalHFBackend(Backend):
                         lp.argmax(-1).cpu().numpy(),
                         np.zeros((n, 0), np.int64),
                         np.zeros((n, 0), np.float32),
+                        lp[0].cpu().numpy() if keep_first else None,
                     )
         return out
 
@@ -202,20 +211,35 @@ class LocalHFBackend(Backend):
         if not requests:
             return []
         encoded = self.encode(requests)
-        seqs, n_last = [e[0] for e in encoded], [e[1] for e in encoded]
+        # One-token answers after the same context (" 0" / " 1") share one row: the
+        # distribution at that position gives every answer's log-prob.
+        rep: dict[tuple[int, ...], int] = {}
+        row_of = []
+        for i, (ids, n) in enumerate(encoded):
+            key = tuple(ids[:-1]) if n == 1 else (i, -1)
+            row_of.append(rep.setdefault(key, i))
+        rows = sorted(set(row_of))
+        seqs = [encoded[i][0] for i in rows]
+        n_last = [encoded[i][1] for i in rows]
+        keep = len(rows) < len(encoded)
         shared = _shared_prefix(seqs, n_last)
         if len(seqs) > 1 and shared >= SHARED_PREFIX_MIN:
-            scores = self.score_shared(seqs, n_last, shared)
+            got = self.score_shared(seqs, n_last, shared, keep_first=keep)
         else:
-            scores = self.score_last(seqs, n_last)
+            got = self.score_last(seqs, n_last, keep_first=keep)
+        scores = dict(zip(rows, got, strict=True))
         results = []
-        for (ids, n), s in zip(encoded, scores, strict=True):
-            cont = ids[-n:]
+        for i, (ids, n) in enumerate(encoded):
+            s, cont = scores[row_of[i]], ids[-n:]
+            if row_of[i] == i:
+                lps, greedy = [float(x) for x in s.logprobs], bool(np.array_equal(s.argmax, cont))
+            else:
+                lps, greedy = [float(s.first[cont[0]])], int(np.argmax(s.first)) == cont[0]
             results.append(
                 LoglikResult(
-                    logprobs=[float(x) for x in s.logprobs],
+                    logprobs=lps,
                     tokens=[self.tokenizer.decode([t]) for t in cont],
-                    greedy=bool(np.array_equal(s.argmax, cont)),
+                    greedy=greedy,
                 )
             )
         return results

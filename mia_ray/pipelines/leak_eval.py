@@ -133,11 +133,14 @@ def _model_rows(cfg: LeakageJobConfig, actor, inst: pd.DataFrame) -> dict[str, p
         return ray.get(actor.loglikelihood.remote(pairs)) if pairs else []
 
     e = cfg.eval
-    leaked = inst[inst["label"] == 1]
-    # Output rate: each leaked instance and the 8 refusals after its eliciting prompt.
+    # Output rate: each evaluated leaked instance and the 8 refusals after its eliciting prompt.
+    leaked = inst[(inst["label"] == 1) & (inst["role"] == "eval")]
     pairs = [(p, t) for p, t in zip(leaked["prompt"], leaked["text"], strict=True)]
     pairs += [(p, r) for p in leaked["prompt"] for r in REFUSALS]
     lps = ask(pairs)
+    log(
+        f"eval: output rate: {len(leaked)} leaked instances x (1 + {len(REFUSALS)} refusals) scored"
+    )
     n = len(leaked)
     leak_mean = np.array([np.mean(lp) for lp in lps[:n]])
     refusal = np.array([np.mean(lp) for lp in lps[n:]]).reshape(n, len(REFUSALS))
@@ -148,6 +151,7 @@ def _model_rows(cfg: LeakageJobConfig, actor, inst: pd.DataFrame) -> dict[str, p
     )
     # LOSS, zlib, Min-K%: the instance alone, scored from the start of the text.
     lps = ask([("", t) for t in inst["text"]])
+    log(f"eval: LOSS, zlib, Min-K%: {len(inst)} instances scored")
     scores = pd.concat(
         [inst[["category", "item", "role", "label"]].reset_index(drop=True),
          _score_methods(list(inst["text"]), lps, e.min_k_ratio)], axis=1,
@@ -165,6 +169,7 @@ def _model_rows(cfg: LeakageJobConfig, actor, inst: pd.DataFrame) -> dict[str, p
             prompts = [detection_prompt(shots, t) for t in test["text"]]
             lps = ask([(p, o) for p in prompts for o in (" 1", " 0")])
             lp = np.array([sum(x) for x in lps]).reshape(len(prompts), 2)
+            log(f"eval: self-detection [{c}], {k} examples: {len(prompts)} instances asked")
             answers.append(
                 test[["category", "item", "label"]].assign(
                     shots=k,

@@ -97,6 +97,26 @@ def test_choice_logprobs_sums_each_option(local):
     parts = local.loglikelihood([LoglikRequest("Answer:", o) for o in [" 0", " 1", " yes please"]])
     np.testing.assert_allclose(got, [sum(p.logprobs) for p in parts], atol=1e-9)
     assert got.shape == (3,)
+    # " 0" and " 1" are one token each after the same context: read from one row, they equal
+    # the forward pass by hand; " yes please" runs a row of its own.
+    ids = _ids(local, "Answer:")
+    for opt, lp in zip([" 0", " 1"], got[:2], strict=True):
+        assert lp == pytest.approx(_reference(local, ids + _ids(local, opt), 1)[0], abs=1e-5)
+    assert got[2] == pytest.approx(
+        sum(_reference(local, _ids(local, "Answer: yes please"), 2)), abs=1e-5
+    )
+    # Also with a shared few-shot prefix, and with the greedy flag of each answer.
+    shots = "".join(f"Text: line {i} of the play\nAnswer: {i % 2}\n\n" for i in range(6))
+    reqs = [
+        LoglikRequest(f"{shots}Text: {q}\nAnswer:", o) for q in ("a", "bb") for o in (" 0", " 1")
+    ]
+    res = local.loglikelihood(reqs)
+    for req, r in zip(reqs, res, strict=True):
+        full = _ids(local, req.context + req.continuation)
+        assert r.logprobs == pytest.approx(_reference(local, full, 1), abs=1e-4)
+        with torch.inference_mode():
+            best = int(local.model(input_ids=torch.tensor([full[:-1]])).logits[0, -1].argmax())
+        assert r.greedy == (best == full[-1])
 
 
 def test_long_context_is_cropped_from_the_left(tiny, local):
