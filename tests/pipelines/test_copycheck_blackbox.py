@@ -98,3 +98,21 @@ def test_rerun_sends_nothing_and_gives_the_same_verdicts(run, test_world, tmp_pa
     assert "blackbox: 0 HTTP requests" in err
     second = json.loads((again / "report.json").read_text())
     assert second["results"] == report["results"] and second["files"] == report["files"]
+
+
+def test_the_local_backend_gives_what_the_http_path_gave(run, test_world, tmp_path):
+    out, report = run
+    local = tmp_path / "local"
+    extra = ["--set", "backend.kind=local", "--set", "backend.serve=false"]
+    assert main(_args(test_world, local, *extra)) == 0
+    a = pd.read_parquet(out / "uncertainty.parquet").set_index(["experiment", "snippet_id"])
+    b = pd.read_parquet(local / "uncertainty.parquet").set_index(["experiment", "snippet_id"])
+    np.testing.assert_allclose(
+        np.stack(b.loc[a.index, "p_blackbox"].to_numpy()),
+        np.stack(a["p_blackbox"].to_numpy()),
+        rtol=0,
+        atol=1e-4,
+    )
+    again = json.loads((local / "report.json").read_text())
+    assert not (local / "backend-cache").exists()  # nothing went over HTTP
+    assert [r["method"] for r in again["results"]] == [r["method"] for r in report["results"]]
