@@ -28,8 +28,8 @@ import pandas as pd
 from mia_ray.config import LeakageJobConfig, to_dict
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import fingerprint, log
+from mia_ray.pipelines.leakage import CATEGORIES
 
-CATEGORIES = ("pii", "copyright", "benchmark")
 METHODS = ("self_detection", "loss", "zlib", "min_k", "majority_vote")
 
 
@@ -194,6 +194,7 @@ def _rate(k: int, n: int, ci: float) -> dict[str, Any]:
 def summarize(cfg: LeakageJobConfig, rows: dict[str, pd.DataFrame]) -> dict[str, Any]:
     """output_rate, detection_rate (per category and method) and few_shot_curve of one model."""
     from mia_ray.features.leaks import best_threshold, majority_vote
+    from mia_ray.stats.metrics import roc_auc
 
     e = cfg.eval
     out = rows["output"]
@@ -218,9 +219,7 @@ def summarize(cfg: LeakageJobConfig, rows: dict[str, pd.DataFrame]) -> dict[str,
         y = test["label"].to_numpy()
         detection[c] = {m: _rate(int((votes[m] == y).sum()), len(y), e.ci) for m in METHODS}
         for m in ("loss", "zlib", "min_k"):
-            from sklearn.metrics import roc_auc_score
-
-            detection[c][m]["auc"] = float(roc_auc_score(y, test[m])) if len(set(y)) == 2 else None
+            detection[c][m]["auc"] = roc_auc(test[m], y) if len(set(y)) == 2 else None
             detection[c][m]["threshold"] = thresholds[c][m]
     curve = []
     for (c, k), part in sd.groupby(["category", "shots"], sort=False):
