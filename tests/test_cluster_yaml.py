@@ -95,6 +95,9 @@ def test_memhunter_job_configs_load_with_the_papers_settings_on_the_cluster():
     assert c.extraction.trials == [5, 10, 20, 30] and c.resources.gpus_per_actor == 1.0
     demo = load_config(MemHunterJobConfig, str(ROOT / "jobs" / "memhunter_demo.yaml"))
     assert demo.world.target == "smollm2" and demo.hunter.model == ""
+    sweep = load_config(MemHunterJobConfig, str(ROOT / "jobs" / "memhunter_sweep_smollm2.yaml"))
+    assert sweep.sweep.models == ["@world:smollm2", "@world:smollm2-control"]
+    assert sweep.dataset_test.proxy == "@world:smollm2" and sweep.world.target == ""
 
 
 def test_leakage_job_configs_load_with_the_papers_settings():

@@ -503,17 +503,30 @@ def _recipe(scale: str, step: str) -> dict[str, Any]:
     return recipe
 
 
+# The model steps each demo target needs, itself first.
+_TARGET_STEPS = {
+    "tiny": ["tiny", "tiny-ref"],
+    "tiny-random": ["tiny-random", "tiny-ref"],
+    "smollm2": ["smollm2", "smollm2-control"],
+    "smollm2-crawl": ["smollm2-crawl"],  # the leakage survey's target: trained on the crawl
+}
+
+
 def _model_steps(targets: list[str]) -> list[str]:
-    need = {
-        "tiny": ["tiny", "tiny-ref"],
-        "tiny-random": ["tiny-random", "tiny-ref"],
-        "smollm2": ["smollm2", "smollm2-control"],
-        "smollm2-crawl": ["smollm2-crawl"],  # the leakage survey's target: trained on the crawl
-    }
     steps: list[str] = []
     for t in targets:
-        steps += [s for s in need[t] if s not in steps]
+        steps += [s for s in _TARGET_STEPS[t] if s not in steps]
     return steps
+
+
+def target_of_model(name: str) -> str:
+    """The demo target whose build makes the world model ``name`` (``smollm2-control`` ->
+    ``smollm2``), so a job can name any model of the world, not only the targets."""
+    for t, steps in _TARGET_STEPS.items():
+        if name in steps:
+            return t
+    known = ", ".join(dict.fromkeys(s for steps in _TARGET_STEPS.values() for s in steps))
+    raise MiaError(f"unknown demo world model {name!r} (known: {known})")
 
 
 def _paths(root: Path, target: str) -> dict[str, str]:

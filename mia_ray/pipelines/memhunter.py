@@ -765,11 +765,12 @@ def _cell_name(name: str) -> str:
 
 def _sweep_cells(cfg: MemHunterJobConfig, out: Path) -> list[tuple[str, str, MemHunterJobConfig]]:
     """(dataset, model, cell config) for every cell; demo-world names resolved to paths."""
-    from mia_ray.demo.world import ensure_world
+    from mia_ray.demo.world import ensure_world, target_of_model
     from mia_ray.reports.io import read_json, write_json
 
     sw = cfg.sweep
-    world_targets = [m[7:] for m in sw.models if m.startswith("@world:")]
+    owner = {m[7:]: target_of_model(m[7:]) for m in sw.models if m.startswith("@world:")}
+    world_targets = list(dict.fromkeys(owner.values()))
     info = None
     if world_targets or any(d.startswith("@world:") for d in sw.datasets):
         info = ensure_world(cfg.world, [*(world_targets or ["tiny"]), "tiny"])
@@ -798,8 +799,10 @@ def _sweep_cells(cfg: MemHunterJobConfig, out: Path) -> list[tuple[str, str, Mem
             c.world.target = ""
             c.data.path, c.data.labels, c.data.unlabelled = path, labels, "skip"
             if m.startswith("@world:"):
-                c.model.name_or_path = info["targets"][m[7:]]["model"]
-                c.model.reference = cfg.model.reference or info["targets"][m[7:]]["reference"]
+                c.model.name_or_path = str(Path(info["root"]) / "models" / m[7:])
+                c.model.reference = (
+                    cfg.model.reference or info["targets"][owner[m[7:]]]["reference"]
+                )
             elif m != "@target":
                 c.model.name_or_path = m
             cells.append((ds, m, c))
@@ -852,7 +855,7 @@ def _sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
         results[(ds, m)] = ray.get(ref)
         write_json(d / "cell.json", {"fingerprint": fp})
         log(f"sweep: cell {_cell_name(ds)} x {_cell_name(m)} done ({len(results)}/{len(cells)})")
-    rows, verdicts = [], []
+    rows, verdicts, power = [], [], []
     for ds, m, _ in cells:
         r = results[(ds, m)]
         for e in r["extraction"]:
@@ -860,6 +863,23 @@ def _sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
         for h in r["hypothesis"]:
             if h["suspect"] == "@target":
                 verdicts.append({"dataset": ds, "model": m, **h})
+        pc = r["dataset_test"]["power_check"]
+        power.append({"dataset": ds, "model": m, "proxy": pc["proxy"], "p_value": pc["p_value"],
+                      "passed": bool(pc["reject_h0"]), "mean_proxy": pc["mean_suspect"],
+                      "mean_reference": pc["mean_reference"]})  # fmt: skip
+    failed = [
+        f"{_cell_name(p['dataset'])} x {_cell_name(p['model'])}" for p in power if not p["passed"]
+    ]
+    weak = (
+        [
+            f"Power check failed in {len(failed)} of {len(power)} cells ({', '.join(failed)}): "
+            "there the proxy, which trained on the dataset, recovers no more than the "
+            "reference, so those cells' 'no evidence of memorization' says nothing about "
+            "whether the model trained on the data."
+        ]
+        if failed
+        else []
+    )
     report = {
         "pipeline": "memhunter",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -870,11 +890,13 @@ def _sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
         },  # fmt: skip
         "extraction": rows,
         "hypothesis": verdicts,
+        "power_check": power,
         "model": {"target": "sweep", "hunter": cfg.hunter.model},
         "notes": [
+            *weak,
             "One cell per dataset and model: a hunter trained for that model on that dataset, "
             "then extraction and the dataset-level tests (suspect: the cell's model). Rows "
-            "carry their cell's dataset and model; each cell's own report is under cells/."
+            "carry their cell's dataset and model; each cell's own report is under cells/.",
         ],
         "runtime": describe(),
     }

@@ -83,6 +83,7 @@ def _sweep_tables(report: Mapping[str, Any]) -> str:
         for h in report.get("hypothesis", [])
         if str(h.get("test", "")).startswith("one-sided Welch")
     }
+    power = {(p["dataset"], p["model"]): p for p in report.get("power_check", [])}
     cells = list(dict.fromkeys((r["dataset"], r["model"]) for r in rows))
     body = []
     for ds, m in cells:
@@ -91,15 +92,23 @@ def _sweep_tables(report: Mapping[str, Any]) -> str:
         best = max(mem, key=lambda r: r["trials"]) if mem else {}
         man = next((r for r in mine if r["method"] == "manual"), {})
         w = welch.get((ds, m), {})
+        pc = power.get((ds, m))
+        check = (
+            "—"
+            if pc is None
+            else (f"{'passed' if pc['passed'] else 'failed'} (p = {fmt_num(pc['p_value'], 4)})")
+        )
         body.append(
             [ds, m, fmt_pct(best.get("avg_lcss")), fmt_pct(best.get("hit_rate")),
-             fmt_pct(man.get("avg_lcss")), fmt_num(w.get("p_value"), 4), w.get("verdict", "—")]
+             fmt_pct(man.get("avg_lcss")), fmt_num(w.get("p_value"), 4), w.get("verdict", "—"),
+             check]
         )  # fmt: skip
     summary = table_html(
         body,
         ["dataset", "model", "MemHunter Avg LCSS", "Hit Rate", "Manual Avg LCSS",
-         "Welch p", "verdict"],
-        caption="test split; MemHunter at its largest k",
+         "Welch p", "verdict", "power check (proxy vs reference)"],
+        caption="test split; MemHunter at its largest k. A failed power check means the "
+        "cell's test could not have flagged training.",
     )  # fmt: skip
     detail = table_html(
         [

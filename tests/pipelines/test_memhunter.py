@@ -197,7 +197,21 @@ def test_sweep_runs_every_cell_once_and_a_rerun_skips_them(tmp_path, ray_local, 
         # A cell's dataset is one source of the world: its pairs come from that source only.
         assert pairs["doc_id"].str.startswith(f"{src}/").all()
         assert cell["hypothesis"][0]["suspect"] == "@target"
-    assert "Sweep: datasets x models" in (out / "report.html").read_text()
+    # Each cell's power check is in the combined report, and a failed one is named in its notes.
+    failed = []
+    for pc in report["power_check"]:
+        name = f"{pc['dataset'][7:]}__{pc['model'][7:]}"
+        own = json.loads((out / "cells" / name / "report.json").read_text())
+        own = own["dataset_test"]["power_check"]
+        assert (pc["p_value"], pc["passed"]) == (own["p_value"], own["reject_h0"])
+        if not pc["passed"]:
+            failed.append(f"{pc['dataset'][7:]} x {pc['model'][7:]}")
+    # tiny-random is its own proxy here and recovers less than the trained reference: no power.
+    assert {"books x tiny-random", "web x tiny-random"} <= set(failed)
+    note = next(n for n in report["notes"] if n.startswith("Power check failed"))
+    assert f"in {len(failed)} of 4 cells ({', '.join(failed)})" in note
+    html = (out / "report.html").read_text()
+    assert "Sweep: datasets x models" in html and "power check (proxy vs reference)" in html
     capfd.readouterr()
     assert main(args) == 0
     assert "sweep: 4 cells, 4 done" in capfd.readouterr().err
@@ -232,3 +246,23 @@ def test_dataset_test_names_demo_world_models(test_world, tmp_path):
     cfg.dataset_test.suspects = ["@world:smollm2-nope"]
     with pytest.raises(MiaError, match="the demo world has no model .*smollm2-nope"):
         _model_paths(cfg, {}, tmp_path)
+
+
+def test_sweep_names_any_demo_world_model_not_only_the_targets(test_world, tmp_path):
+    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.errors import MiaError
+    from mia_ray.pipelines.memhunter import _sweep_cells
+
+    sets = [f"world.root={test_world['root']}", "world.scale=test", "world.target="]
+    cfg = load_config(
+        MemHunterJobConfig,
+        None,
+        [*sets, 'sweep.datasets=["@world:books"]', 'sweep.models=["@world:tiny-ref"]'],
+    )
+    ((ds, m, cell),) = _sweep_cells(cfg, tmp_path)
+    # tiny-ref is built with the target tiny, whose reference it is.
+    assert cell.model.name_or_path == test_world["root"] + "/models/tiny-ref"
+    assert cell.model.reference == test_world["targets"]["tiny"]["reference"]
+    cfg.sweep.models = ["@world:nope"]
+    with pytest.raises(MiaError, match=r"unknown demo world model 'nope' \(known: tiny, tiny-ref,"):
+        _sweep_cells(cfg, tmp_path)
