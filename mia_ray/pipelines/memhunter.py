@@ -812,7 +812,11 @@ def _sweep_cells(cfg: MemHunterJobConfig, out: Path) -> list[tuple[str, str, Mem
 def _cell_task(cfg: MemHunterJobConfig, out: str) -> dict:
     from mia_ray.runtime import configure_data_context
 
-    configure_data_context(no_progress_timeout_s=cfg.resources.no_progress_timeout_s)
+    # No Ray Data bars from a worker: they arrive interleaved with other cells' output and
+    # fill a job's log; each cell's progress is in its log lines.
+    configure_data_context(
+        no_progress_timeout_s=cfg.resources.no_progress_timeout_s, progress=False
+    )
     return _run(cfg, Path(out))
 
 
