@@ -529,15 +529,20 @@ def target_of_model(name: str) -> str:
     raise MiaError(f"unknown demo world model {name!r} (known: {known})")
 
 
+def model_dir(root: str | os.PathLike, name: str) -> Path:
+    """Where the world under ``root`` keeps its model ``name`` (a target or another step)."""
+    return Path(root) / "models" / name
+
+
 def _paths(root: Path, target: str) -> dict[str, str]:
     reference = (
         str(mia_ray_home() / "models" / SMOLLM2_BASE)
         if target.startswith("smollm2")
-        else str(root / "models" / "tiny-ref")
+        else str(model_dir(root, "tiny-ref"))
     )
     return {
         "manifest": str(root / "manifests" / f"{target}.json"),
-        "model": str(root / "models" / target),
+        "model": str(model_dir(root, target)),
         "reference": reference,
     }
 
@@ -703,15 +708,15 @@ def _build(cfg: WorldConfig, root: Path, targets: list[str], threads: int) -> No
     pending: dict[Any, tuple[str, Path, float]] = {}  # Ray object ref -> (step, tmp, start)
 
     def finish(step: str, info: dict[str, Any], tmp: Path, t0: float) -> None:
-        _publish(tmp, root / "models" / step)
+        _publish(tmp, model_dir(root, step))
         info["spec"] = _recipe(cfg.scale, step)
         info["wall_s"] = round(time.monotonic() - t0, 2)
         record(step, info)
-        _log(f"{step} ready in {info['wall_s']:.0f} s: {root / 'models' / step}")
+        _log(f"{step} ready in {info['wall_s']:.0f} s: {model_dir(root, step)}")
 
     try:
         for step in _model_steps(targets):
-            if step in steps and (root / "models" / step / "config.json").is_file():
+            if step in steps and (model_dir(root, step) / "config.json").is_file():
                 if steps[step].get("spec") == _recipe(cfg.scale, step):
                     continue
                 _log(f"{step}: its training recipe changed since it was built; rebuilding it")

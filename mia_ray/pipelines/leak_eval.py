@@ -41,14 +41,14 @@ def resolve_target(cfg: LeakageJobConfig, name: str) -> str:
                 f"eval.targets: unknown model {name!r} (a path, a hub name or @world:<model>)"
             )
         return name
-    from mia_ray.demo.world import TARGETS, ensure_smollm2_base, ensure_world
+    from mia_ray.demo.world import TARGETS, ensure_smollm2_base, ensure_world, model_dir
 
     model = name[len("@world:") :]
     if model == "smollm2-base":
         return str(ensure_smollm2_base())
     if model in TARGETS:
         return ensure_world(cfg.world, [model])["targets"][model]["model"]
-    path = cfg.world.resolved_root() / "models" / model
+    path = model_dir(cfg.world.resolved_root(), model)
     if not (path / "config.json").is_file():
         raise MiaError(f"eval.targets: {name}: the demo world has no model {path}")
     return str(path)

@@ -421,6 +421,8 @@ def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[st
     here once (a Ray task each) and reused from ``out/models`` on a rerun."""
     import ray
 
+    from mia_ray.demo.world import model_dir
+
     d = cfg.dataset_test
     alias = {"@target": cfg.model.name_or_path, "@reference": cfg.model.reference}
     names = [*d.suspects, d.reference, d.proxy]
@@ -462,7 +464,7 @@ def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[st
                 tmp.replace(dest)
             paths[name] = str(dest)
         elif name.startswith("@world:"):
-            path = cfg.world.resolved_root() / "models" / name[7:]
+            path = model_dir(cfg.world.resolved_root(), name[7:])
             if not (path / "config.json").is_file():
                 raise MiaError(f"dataset_test: {name}: the demo world has no model {path}")
             paths[name] = str(path)
@@ -765,7 +767,7 @@ def _cell_name(name: str) -> str:
 
 def _sweep_cells(cfg: MemHunterJobConfig, out: Path) -> list[tuple[str, str, MemHunterJobConfig]]:
     """(dataset, model, cell config) for every cell; demo-world names resolved to paths."""
-    from mia_ray.demo.world import ensure_world, target_of_model
+    from mia_ray.demo.world import ensure_world, model_dir, target_of_model
     from mia_ray.reports.io import read_json, write_json
 
     sw = cfg.sweep
@@ -799,7 +801,7 @@ def _sweep_cells(cfg: MemHunterJobConfig, out: Path) -> list[tuple[str, str, Mem
             c.world.target = ""
             c.data.path, c.data.labels, c.data.unlabelled = path, labels, "skip"
             if m.startswith("@world:"):
-                c.model.name_or_path = str(Path(info["root"]) / "models" / m[7:])
+                c.model.name_or_path = str(model_dir(info["root"], m[7:]))
                 c.model.reference = (
                     cfg.model.reference or info["targets"][owner[m[7:]]]["reference"]
                 )

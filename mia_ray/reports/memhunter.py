@@ -93,11 +93,9 @@ def _sweep_tables(report: Mapping[str, Any]) -> str:
         man = next((r for r in mine if r["method"] == "manual"), {})
         w = welch.get((ds, m), {})
         pc = power.get((ds, m))
-        check = (
-            "—"
-            if pc is None
-            else (f"{'passed' if pc['passed'] else 'failed'} (p = {fmt_num(pc['p_value'], 4)})")
-        )
+        check = "—"
+        if pc is not None:
+            check = f"{'passed' if pc['passed'] else 'failed'} (p = {fmt_num(pc['p_value'], 4)})"
         body.append(
             [ds, m, fmt_pct(best.get("avg_lcss")), fmt_pct(best.get("hit_rate")),
              fmt_pct(man.get("avg_lcss")), fmt_num(w.get("p_value"), 4), w.get("verdict", "—"),
