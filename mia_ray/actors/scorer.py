@@ -14,6 +14,20 @@ import pandas as pd
 from mia_ray.errors import MiaError
 
 
+def vocab_moments(logp):
+    """Mean and std of log p(z) under p over the vocabulary (Min-K%++'s normalisers), each
+    (T,), from log-probs (T, V). A token the model rules out (log p = -inf) adds nothing,
+    where p * log p would give 0 * -inf = NaN."""
+    import torch
+
+    p = logp.exp()
+    finite = torch.isfinite(logp)
+    safe = torch.where(finite, logp, torch.zeros_like(logp))
+    mu = (p * safe).sum(-1)
+    var = (p * safe.square()).sum(-1) - mu.square()
+    return mu, var.clamp_min(0).sqrt()
+
+
 class Scorer:
     """``Dataset.map_batches(Scorer, fn_constructor_kwargs=..., batch_format="pandas")``.
 
@@ -56,6 +70,9 @@ class Scorer:
             texts,
             return_tensors="pt",
             padding=True,
+            # Right padding: with left padding, absolute position embeddings (GPT-2 style)
+            # would shift with the batch's longest row, and a score with its batch.
+            padding_side="right",
             truncation=True,
             max_length=self.max_length,
         )
@@ -84,12 +101,10 @@ class Scorer:
             tok_lp = logp.gather(-1, target[:, None]).squeeze(-1)
             row = {"loss": float(-tok_lp.mean()), "n_tokens": int(pos.numel())}
             if full:
-                p = logp.exp()
-                mu = (p * logp).sum(-1)
-                var = (p * logp.square()).sum(-1) - mu.square()
+                mu, sigma = vocab_moments(logp)
                 row["token_logprobs"] = tok_lp.cpu().numpy().astype(np.float32)
                 row["mu"] = mu.cpu().numpy().astype(np.float32)
-                row["sigma"] = var.clamp_min(0).sqrt().cpu().numpy().astype(np.float32)
+                row["sigma"] = sigma.cpu().numpy().astype(np.float32)
             out.append(row)
         return out
 

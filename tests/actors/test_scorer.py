@@ -77,3 +77,39 @@ def test_reference_role_emits_only_prefixed_losses(ray_local, test_world):
     )
     assert list(res.columns) == ["snippet_id", "ref_loss", "ref_n_tokens"]
     assert (res["ref_loss"] > 0).all()
+
+
+def test_a_snippets_score_does_not_depend_on_its_batch(test_world):
+    """A tokenizer that pads on the left (many Llama-family ones do) must not shift the
+    absolute positions of a short snippet batched with a long one."""
+    from mia_ray.actors.scorer import Scorer
+
+    scorer = Scorer(str(test_world["model"]), device="cpu", dtype="float32", torch_threads=1)
+    scorer.tok.padding_side = "left"
+    short = "To be, or not to be, that is the question."
+    long = "A much longer snippet " + "with many repeated words " * 12
+    alone = scorer._pass([short], True)[0]
+    batched = scorer._pass([short, long], True)[0]
+    assert batched["n_tokens"] == alone["n_tokens"]
+    np.testing.assert_allclose(batched["token_logprobs"], alone["token_logprobs"], atol=1e-5)
+    np.testing.assert_allclose(batched["mu"], alone["mu"], atol=1e-5)
+    assert batched["loss"] == pytest.approx(alone["loss"], abs=1e-5)
+
+
+def test_vocab_moments_give_no_nan_for_a_ruled_out_token():
+    import torch
+
+    from mia_ray.actors.scorer import vocab_moments
+
+    # p = (1/2, 1/2, 0): the third token's logit is -inf (a masked or banned token).
+    logp = torch.log_softmax(torch.tensor([[0.0, 0.0, -float("inf")]]), dim=-1)
+    mu, sigma = vocab_moments(logp)
+    assert mu.item() == pytest.approx(np.log(0.5))
+    assert sigma.item() == pytest.approx(0.0, abs=1e-7)
+    # And a row with three live tokens: mu = sum p log p, sigma^2 = sum p (log p)^2 - mu^2.
+    p = np.array([0.5, 0.25, 0.25])
+    mu, sigma = vocab_moments(torch.tensor(np.log(p))[None])
+    assert mu.item() == pytest.approx(float((p * np.log(p)).sum()))
+    assert sigma.item() == pytest.approx(
+        float(np.sqrt((p * np.log(p) ** 2).sum() - (p * np.log(p)).sum() ** 2))
+    )
