@@ -112,12 +112,17 @@ def bootstrap_ci(
     n: int = 1000,
     ci: float = 0.95,
     seed: int = 0,
+    groups=None,
 ):
     """Percentile bootstrap interval (lo, hi) of ``metric_fn(scores, labels)``.
 
     Members and non-members are resampled separately, with replacement and at their own
     sizes, so every draw has both classes. ``metric_fn`` may return a vector (k,); then lo
     and hi are arrays (k,), one interval per entry from the same draws.
+
+    ``groups`` (n,), e.g. the document of each snippet: when some group holds several rows,
+    whole groups are resampled (a cluster bootstrap). Snippets of one document are not
+    independent draws; resampling them one by one gives intervals that are too narrow.
     """
     s, y = _check(scores, labels)
     if n < 1:
@@ -125,10 +130,20 @@ def bootstrap_ci(
     if not 0 < ci < 1:
         raise MetricInputError(f"ci must lie in (0, 1), got {ci}")
     rng = np.random.default_rng(seed)
-    pos, neg = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
+    units = _bootstrap_units(y, groups)
+    pos = [u for u in units if y[u[0]] == 1]
+    neg = [u for u in units if y[u[0]] == 0]
+    singletons = all(u.size == 1 for u in units)
+    pos_rows, neg_rows = np.concatenate(pos), np.concatenate(neg)
     draws = []
     for _ in range(n):
-        idx = np.concatenate([rng.choice(pos, pos.size), rng.choice(neg, neg.size)])
+        if singletons:  # the plain row bootstrap (same draws as with no groups at all)
+            idx = np.concatenate(
+                [rng.choice(pos_rows, pos_rows.size), rng.choice(neg_rows, neg_rows.size)]
+            )
+        else:
+            picks = [rng.choice(len(pos), len(pos)), rng.choice(len(neg), len(neg))]
+            idx = np.concatenate([pos[i] for i in picks[0]] + [neg[i] for i in picks[1]])
         draws.append(metric_fn(s[idx], y[idx]))
     lo, hi = np.percentile(
         np.asarray(draws, dtype=np.float64), [50 * (1 - ci), 50 * (1 + ci)], axis=0
@@ -136,6 +151,29 @@ def bootstrap_ci(
     if np.ndim(lo) == 0:
         return float(lo), float(hi)
     return lo, hi
+
+
+def _bootstrap_units(y: np.ndarray, groups) -> list[np.ndarray]:
+    """Row indices per resampling unit: one row each without ``groups``, else per group
+    (first-appearance order). A group must not mix members and non-members."""
+    if groups is None:
+        return [np.array([i]) for i in range(y.size)]
+    g = np.asarray(groups)
+    if g.shape != y.shape:
+        raise MetricInputError(f"{g.size} groups but {y.size} labels")
+    _, first, inverse = np.unique(g, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rows = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.bincount(inverse))[:-1]
+    by_group = np.split(rows, bounds)
+    units = [by_group[k] for k in order]
+    for u in units:
+        if np.unique(y[u]).size > 1:
+            raise MetricInputError(
+                f"group {str(g[u[0]])!r} holds both members and non-members: a group is resampled "
+                "whole, so it needs one label"
+            )
+    return units
 
 
 def cv_splits(
@@ -248,7 +286,7 @@ def evaluate_scores(
 
     point = summary(s, y)
     if bootstrap:
-        lo, hi = bootstrap_ci(summary, s, y, n=bootstrap, ci=ci, seed=seed)
+        lo, hi = bootstrap_ci(summary, s, y, n=bootstrap, ci=ci, seed=seed, groups=groups)
         intervals = [[float(a), float(b)] for a, b in zip(lo, hi, strict=True)]
     else:
         intervals = [None] * len(point)

@@ -198,3 +198,30 @@ def test_wilson_interval_matches_the_formula_and_its_edges():
     assert wilson_interval(0, 0) == (0.0, 1.0)
     with pytest.raises(MiaError, match="0 <= k <= n"):
         wilson_interval(3, 2)
+
+
+def test_cluster_bootstrap_resamples_documents_not_snippets():
+    """Each document repeated as 5 identical snippets carries no more information than the
+    document once: the cluster bootstrap over documents gives exactly the interval of the
+    deduplicated data (same seed, same draws); the row bootstrap is narrower."""
+    rng = np.random.default_rng(3)
+    y_doc = np.array([1] * 12 + [0] * 12)
+    s_doc = rng.normal(size=24) + 0.8 * y_doc
+    docs = np.arange(24)
+    s, y, g = np.repeat(s_doc, 5), np.repeat(y_doc, 5), np.repeat(docs, 5)
+    once = M.bootstrap_ci(M.roc_auc, s_doc, y_doc, n=300, seed=1)
+    clustered = M.bootstrap_ci(M.roc_auc, s, y, n=300, seed=1, groups=g)
+    rows = M.bootstrap_ci(M.roc_auc, s, y, n=300, seed=1)
+    assert clustered == pytest.approx(once, abs=1e-12)
+    assert rows[1] - rows[0] < 0.75 * (clustered[1] - clustered[0])
+    # Singleton groups are the row bootstrap itself.
+    assert M.bootstrap_ci(M.roc_auc, s_doc, y_doc, n=300, seed=1, groups=docs) == once
+    ev = M.evaluate_scores(s, y, groups=g, bootstrap=300, seed=1)
+    assert ev["auc_ci"] == pytest.approx(list(once), abs=1e-12)
+
+
+def test_cluster_bootstrap_refuses_a_group_with_both_labels():
+    with pytest.raises(ValueError, match="group 'd1' holds both members and non-members"):
+        M.bootstrap_ci(
+            M.roc_auc, [0.1, 0.2, 0.3, 0.4], [1, 0, 1, 0], groups=["d1", "d1", "d2", "d3"]
+        )
