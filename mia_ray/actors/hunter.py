@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from mia_ray.data.pairs import bos_prefix
 
-def hunter_context(tok, x: str, sep: list[int], max_x_tokens: int) -> list[int]:
-    """The hunter's reading of a prefix x: its last ``max_x_tokens`` tokens, then ``sep``."""
+
+def hunter_context(
+    tok, x: str, sep: list[int], max_x_tokens: int, bos: list[int] | None = None
+) -> list[int]:
+    """The hunter's reading of a prefix x: the BOS its tokenizer adds by default (if any),
+    x's last ``max_x_tokens`` tokens, then ``sep``. Sampling, beam search and fine-tuning
+    all read this one context (``bos``: ``bos_prefix(tok)``, given to save its lookup)."""
     ids = list(tok(x, add_special_tokens=False)["input_ids"])
-    return ids[-max_x_tokens:] + list(sep)
+    return list(bos_prefix(tok) if bos is None else bos) + ids[-max_x_tokens:] + list(sep)
 
 
 class Hunter:
@@ -44,6 +50,7 @@ class Hunter:
         self.pad = self.tok.pad_token_id
         self.sep = list(self.tok(separator, add_special_tokens=False)["input_ids"])
         self.max_x_tokens = max_x_tokens
+        self.bos = bos_prefix(self.tok)
         special = set(self.tok.all_special_ids)
         self.allowed = np.array(
             [i for i in range(len(self.tok)) if i not in special], dtype=np.int64
@@ -67,7 +74,7 @@ class Hunter:
             self.adapter = path
 
     def context(self, x: str) -> list[int]:
-        return hunter_context(self.tok, x, self.sep, self.max_x_tokens)
+        return hunter_context(self.tok, x, self.sep, self.max_x_tokens, self.bos)
 
     def decode(self, prompt: list[int]) -> str:
         return self.tok.decode(list(prompt), skip_special_tokens=True)

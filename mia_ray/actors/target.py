@@ -1,7 +1,9 @@
 """TargetLM: the target model role of MemHunter: greedy continuations and the loss of y.
 
 Given a prompt p (text, from the hunter or a baseline) and a pair (x, y) in the target's
-token ids, the context is ``tokens(p) + x_ids``. ``__call__`` returns, per row, the greedy
+token ids, the context is ``bos + tokens(p) + x_ids``, where ``bos`` is what the target's
+tokenizer puts before a text by default (a Llama-family model trained with a BOS token
+expects it; GPT-2's tokenizer adds none). ``__call__`` returns, per row, the greedy
 continuation of ``len(y_ids)`` tokens, its memorization value mu = LCSS / |y| on tokens
 (MemHunter eq. 3) and the teacher-forced mean NLL of y after the context (the loss L(p, x, y)
 that ranks candidate prompts, eq. 5).
@@ -14,6 +16,7 @@ import inspect
 import numpy as np
 import pandas as pd
 
+from mia_ray.data.pairs import bos_prefix
 from mia_ray.features.lcss import memorization
 from mia_ray.models.hf import left_pad
 
@@ -38,12 +41,18 @@ class TargetLM:
             model, device, dtype, revision, trust_remote_code
         )
         self.pad = self.tok.pad_token_id
+        self.bos = bos_prefix(self.tok)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Prompt texts in the target's tokens, without special tokens (GCG's start)."""
+        return [list(self.tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+
+    def context(self, prompt_ids: list[int], x_ids: list[int]) -> list[int]:
+        """What the target reads before y: its BOS (if its tokenizer adds one), p, x."""
+        return [*self.bos, *map(int, prompt_ids), *map(int, x_ids)]
 
     def contexts(self, prompts: list[str], x_ids: list[list[int]]) -> list[list[int]]:
-        return [
-            list(self.tok(p, add_special_tokens=False)["input_ids"]) + list(x)
-            for p, x in zip(prompts, x_ids, strict=True)
-        ]
+        return [self.context(p, x) for p, x in zip(self.encode(prompts), x_ids, strict=True)]
 
     def generate(self, contexts: list[list[int]], new_tokens: int) -> list[list[int]]:
         """Greedy continuations, ``new_tokens`` each (no early stop at EOS: |output| = |y|)."""
@@ -101,7 +110,7 @@ class TargetLM:
         x_ids = [list(map(int, x)) for x in batch["x_ids"]]
         y_ids = [list(map(int, y)) for y in batch["y_ids"]]
         if "prompt_ids" in batch:  # prompts already in the target's tokens (GCG)
-            ctx = [list(map(int, p)) + x for p, x in zip(batch["prompt_ids"], x_ids, strict=True)]
+            ctx = [self.context(p, x) for p, x in zip(batch["prompt_ids"], x_ids, strict=True)]
         else:
             ctx = self.contexts([str(p) for p in batch["prompt"]], x_ids)
         n = max(len(y) for y in y_ids)
@@ -150,8 +159,9 @@ class TargetLM:
         onehot[torch.arange(len(prompt_ids)), p] = 1.0
         onehot.requires_grad_(True)
         rest = torch.tensor(list(x_ids) + list(y_ids), device=self.device)
+        bos = torch.tensor(self.bos, dtype=torch.long, device=self.device)
         with torch.enable_grad():
-            embeds = torch.cat([onehot @ W, emb(rest).detach()], dim=0)[None]
+            embeds = torch.cat([emb(bos).detach(), onehot @ W, emb(rest).detach()], dim=0)[None]
             logits = self.model(inputs_embeds=embeds).logits[0]
             n = len(y_ids)
             logp = torch.log_softmax(logits[-n - 1 : -1].float(), dim=-1)
@@ -167,7 +177,7 @@ class TargetLM:
             pos = int(rng.integers(len(c)))
             c[pos] = int(subs[pos, rng.integers(top_k)])
             cands.append(c)
-        losses = self.loss([c + list(x_ids) for c in cands], [list(y_ids)] * len(cands))
+        losses = self.loss([self.context(c, x_ids) for c in cands], [list(y_ids)] * len(cands))
         best = int(np.argmin(losses))
         return cands[best], float(losses[best])
 
@@ -212,7 +222,7 @@ class TargetLM:
             prompt, _ = self.gcg_step(prompt, x, y, top_k, n_candidates, rng, allowed)
             steps += 1
             if stop_at_full and steps % check_every == 0:
-                out = self.generate([prompt + x], len(y))[0]
+                out = self.generate([self.context(prompt, x)], len(y))[0]
                 if memorization(out, y) >= 1.0:
                     recovered = time.perf_counter() - t0
                     at += [steps] * (len(budgets) - len(snaps))

@@ -5,6 +5,7 @@ document, in the target model's tokenizer (MemHunter §3.2: the hunter writes a 
 x so that the target continues with y). A document gives up to ``per_doc`` pairs from
 consecutive, non-overlapping windows from its start; a document too short for one window
 gives none. The token ids are the ground truth (LCSS on tokens); the texts are their decodings.
+x_ids and y_ids carry no special tokens: a model's context starts with :func:`bos_prefix`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,19 @@ import pandas as pd
 from mia_ray.errors import MiaError
 
 SPLITS = ("train", "test", "val")
+
+
+def bos_prefix(tokenizer) -> list[int]:
+    """The ids a tokenizer puts before a text by default (``[bos]`` for Llama-family
+    tokenizers, ``[]`` for GPT-2's): what the model saw at the start of every training
+    sequence, so what every context built from token ids must start with."""
+    full = list(tokenizer("a")["input_ids"])
+    bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    for i in range(len(full) - len(bare) + 1):
+        if full[i : i + len(bare)] == bare:
+            return full[:i]  # tokens added after the text (an EOS) are not a prefix
+    bos = tokenizer.bos_token_id
+    return [bos] if bos is not None and full[:1] == [bos] else []
 
 
 def make_pairs(

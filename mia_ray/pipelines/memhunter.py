@@ -126,7 +126,7 @@ class TargetPool:
     def encode(self, texts: list[str]) -> list[list[int]]:
         import ray
 
-        return ray.get(self.actors[0].contexts.remote(texts, [[] for _ in texts]))
+        return ray.get(self.actors[0].encode.remote(texts))
 
     def close(self) -> None:
         import ray

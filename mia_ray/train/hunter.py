@@ -295,6 +295,7 @@ def finetune_hunter(
     from peft import LoraConfig, PeftModel, get_peft_model
 
     from mia_ray.actors.hunter import hunter_context
+    from mia_ray.data.pairs import bos_prefix
     from mia_ray.models.hf import load_causal_lm, set_torch_threads
     from mia_ray.train.lm import seed_everything
 
@@ -316,8 +317,9 @@ def finetune_hunter(
         )
     sep = list(tok(separator, add_special_tokens=False)["input_ids"])
     seqs, starts = [], []
+    bos = bos_prefix(tok)  # the context the hunter samples from: the same BOS, x and separator
     for pair_id, prompt in zip(rows["pair_id"], rows["prompt_ids"], strict=True):
-        ctx = hunter_context(tok, x_texts[pair_id], sep, max_x_tokens)
+        ctx = hunter_context(tok, x_texts[pair_id], sep, max_x_tokens, bos)
         seqs.append(ctx + [int(t) for t in prompt])
         starts.append(len(ctx))
     pad = tok.pad_token_id

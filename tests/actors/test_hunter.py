@@ -78,3 +78,22 @@ def test_finetuned_adapter_makes_the_pool_prompts_likely(hunter, hunter_path, tm
     first = hunter.topk(XS, [[], [], []], 1)[:, 0]
     hunter.load_adapter("")
     assert np.mean(first == np.array([p[0] for p in prompts])) >= 2 / 3
+
+
+def test_the_hunter_reads_x_after_the_bos_its_tokenizer_adds(hunter_path, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from mia_ray.actors.hunter import Hunter, hunter_context
+
+    shutil.copytree(hunter_path, tmp_path / "h")
+    AutoTokenizer.from_pretrained(tmp_path / "h", add_bos_token=True).save_pretrained(
+        tmp_path / "h"
+    )
+    h = Hunter(str(tmp_path / "h"), torch_threads=1, max_x_tokens=4)
+    bos = h.tok.bos_token_id
+    x_ids = h.tok(XS[1], add_special_tokens=False)["input_ids"]
+    # BOS, then x's last 4 tokens, then the separator: in sampling and in fine-tuning alike.
+    assert h.context(XS[1]) == [bos, *x_ids[-4:], *h.sep]
+    assert hunter_context(h.tok, XS[1], h.sep, 4) == h.context(XS[1])

@@ -122,3 +122,67 @@ def test_gcg_run_returns_each_budgets_snapshot_in_the_order_given(target, pairs)
     for _ in range(run["steps"]):
         seen.append(target.gcg_step(seen[-1], row["x_ids"], row["y_ids"], 8, 4, rng, allowed)[0])
     assert [seen[n] for n in at] == run["snapshots"]
+
+
+def _with_bos(src, dest):
+    """A copy of the model at ``src`` whose tokenizer puts its BOS before every text, as a
+    Llama-family tokenizer does."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(src, dest)
+    AutoTokenizer.from_pretrained(dest, add_bos_token=True).save_pretrained(dest)
+    return str(dest)
+
+
+@pytest.fixture(scope="module")
+def bos_target(test_world, tmp_path_factory):
+    from mia_ray.actors.target import TargetLM
+
+    path = _with_bos(test_world["targets"]["tiny"]["model"], tmp_path_factory.mktemp("b") / "m")
+    return TargetLM(path, torch_threads=1)
+
+
+def test_bos_prefix_is_what_the_tokenizer_puts_before_a_text(target, bos_target):
+    from mia_ray.data.pairs import bos_prefix
+
+    assert target.bos == bos_prefix(target.tok) == []  # GPT-2's tokenizer adds none
+    bos = bos_target.tok.bos_token_id
+    assert bos_prefix(bos_target.tok) == [bos]
+    assert bos_target.tok("a b")["input_ids"] == [bos, *bos_target.tok("a b")["input_ids"][1:]]
+
+
+def test_contexts_start_with_the_bos_the_model_was_trained_with(bos_target, pairs):
+    import torch
+
+    bos = bos_target.tok.bos_token_id
+    rows = pairs.head(3)
+    texts = ["a prompt", "", "another one here"]
+    ctx = bos_target.contexts(texts, list(rows["x_ids"]))
+    for c, t, x in zip(ctx, texts, rows["x_ids"], strict=True):
+        assert c == [bos, *bos_target.tok(t, add_special_tokens=False)["input_ids"], *x]
+    res = bos_target(rows.assign(prompt=texts))
+    for c, y, loss, out in zip(ctx, rows["y_ids"], res["loss"], res["out_ids"], strict=True):
+        # Loss and greedy continuation are the model's own on BOS + p + x.
+        ids = torch.tensor([c + list(y)])
+        with torch.inference_mode():
+            logp = torch.log_softmax(bos_target.model(ids).logits[0, :-1], -1)
+        nll = -logp[len(c) - 1 :].gather(-1, ids[0, len(c) :, None]).mean().item()
+        assert loss == pytest.approx(nll, rel=1e-4)
+        ref = bos_target.model.generate(
+            torch.tensor([c]), attention_mask=torch.ones(1, len(c), dtype=torch.long),
+            max_new_tokens=len(y), min_new_tokens=len(y), do_sample=False,
+            pad_token_id=bos_target.pad,
+        )  # fmt: skip
+        assert ref[0, len(c) :].tolist() == list(out)
+    # GCG's prompts (target tokens, no BOS of their own) get the same context.
+    ids = bos_target.encode(texts)
+    assert all(bos not in p for p in ids)
+    by_ids = bos_target(rows.assign(prompt_ids=ids))
+    assert list(by_ids["mu"]) == list(res["mu"]) and np.allclose(by_ids["loss"], res["loss"])
+    allowed = bos_target.allowed_tokens()
+    p0 = [int(t) for t in allowed[:4]]
+    x, y = list(rows.iloc[0]["x_ids"]), list(rows.iloc[0]["y_ids"])
+    new, loss = bos_target.gcg_step(p0, x, y, 8, 4, np.random.default_rng(0), allowed)
+    assert loss == pytest.approx(bos_target.loss([[bos, *new, *x]], [y])[0], rel=1e-5)
