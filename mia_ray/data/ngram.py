@@ -53,13 +53,16 @@ def _summary(overlaps: Iterable[float], n: int, p: float, n_total: int) -> dict:
         out["share_at_least_p"] = int(np.count_nonzero(arr >= p)) / k
     out["n_texts"] = k
     out["n_too_short"] = int(n_total) - k
+    # Overlap is measured against the run's member texts, not the pretraining corpus.
+    out["reference_set"] = "members"
     return out
 
 
 def ngram_overlap(members: Iterable[str], nonmembers: Iterable[str], n: int, p: float) -> dict:
     """Overlap of each non-member text's n-grams with the members' n-grams, summarized.
 
-    Returns ``{n, p, mean, median, share_at_least_p, n_texts, n_too_short}``:
+    Returns ``{n, p, mean, median, share_at_least_p, n_texts, n_too_short, reference_set}``
+    (``reference_set`` is ``"members"``: the overlap is with the member texts given):
     ``share_at_least_p`` is the fraction of scored non-member texts whose overlap is >= p;
     ``n_texts`` the number scored. mean/median/share are None when no text has N words.
     """

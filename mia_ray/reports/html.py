@@ -283,10 +283,12 @@ HOW_TO_READ = (
 
 NGRAM_EXPLAINED = (
     "For each non-member text, the share of its n-grams that also appear in at least one "
-    "member text (the n-gram bias measure of Duan et al., used by LUMIA). High overlap means "
-    "members and non-members are alike in content, so no attack can win on topic alone; low "
-    "overlap lets a content-only classifier, such as the blind baseline, tell them apart. "
-    "'share ≥ p' is the fraction of non-member texts whose overlap reaches the threshold p."
+    "member text (the n-gram bias measure of Duan et al., used by LUMIA). The reference set "
+    "is the members given to this run, not the model's pretraining corpus: this says how alike "
+    "the two sides are, not how much of the non-members the model could have seen elsewhere. "
+    "High overlap means members and non-members are alike in content, so no attack can win on "
+    "topic alone; low overlap lets a content-only classifier, such as the blind baseline, tell "
+    "them apart. 'share ≥ p' is the fraction of non-member texts whose overlap reaches p."
 )
 
 

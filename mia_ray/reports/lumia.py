@@ -16,6 +16,7 @@ from typing import Any
 
 from mia_ray.reports.html import (
     MISSING,
+    NGRAM_EXPLAINED,
     _is_missing,
     _new_figure,
     _palette,
@@ -55,13 +56,6 @@ HOW_TO_READ = (
     "baseline."
 )
 
-NGRAM_SENTENCE = (
-    "For each non-member text, the share of its N-grams that also occur in some member text "
-    "(Duan et al.'s n-gram bias, the paper's Table 2 settings): high overlap means members and "
-    "non-members look alike as texts, so a high AUC cannot come from topic alone, while low "
-    "overlap leaves room for a content-only shortcut; 'share ≥ P' is the fraction of non-member "
-    "texts whose overlap reaches P."
-)
 
 LAYER_COLUMNS = ["part", "probe", "layer", "AUC (mean ± std)", "TPR @ 1% FPR", "epochs", "repeats"]
 BEST_COLUMNS = ["part", "probe", "layer", "AUC (mean ± std)", "TPR @ 1% FPR"]
@@ -424,7 +418,7 @@ def _run_body(run: Mapping[str, Any]) -> str:
         ]
         cols = ["N", "P", "mean overlap", "median overlap", "share ≥ P", "texts", "too short"]
         parts.append(_h3("Member / non-member n-gram overlap"))
-        parts.append(paragraph(NGRAM_SENTENCE) + table_html(rows, cols))
+        parts.append(paragraph(NGRAM_EXPLAINED) + table_html(rows, cols))
 
     notes = run.get("notes") or []
     if notes:

@@ -24,6 +24,7 @@ def test_bigram_overlap_hand_computed():
         "share_at_least_p": 0.5,
         "n_texts": 2,
         "n_too_short": 1,
+        "reference_set": "members",
     }
 
 

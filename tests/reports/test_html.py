@@ -133,6 +133,10 @@ def test_ngram_notes_timings_and_verdict_are_shown(report, tmp_path):
     assert "<td>7</td><td>0.80</td><td>0.123</td><td>0.100</td><td>2.0%</td><td>100</td>" in html
     assert "<td>score_s</td><td>12.3</td>" in html
     assert "Best attack by AUC: ref" in html
+    assert (
+        "The reference set is the members given to this run, not the model&#x27;s pretraining"
+        in html
+    )
 
 
 def test_verdict_says_when_nothing_beats_the_blind_baseline(report, tmp_path):

@@ -195,7 +195,7 @@ def test_report_shows_plots_best_layers_comparison_and_ngrams(report, tmp_path):
     # the n-gram rows and the sentence that explains them
     assert "<td>7</td><td>0.80</td><td>0.123</td><td>0.050</td><td>0.0%</td><td>400</td>" in text
     assert "<td>13</td><td>0.20</td><td>0.046</td><td>0.010</td><td>12.5%</td><td>397</td>" in text
-    assert "share of its N-grams that also occur in some member text" in text
+    assert "The reference set is the members given to this run" in text
     # the per-layer table, NaN shown as a dash; notes escaped
     assert "<td>text</td><td>logreg</td><td>2</td><td>0.800</td><td>—</td><td>—</td>" in text
     assert "<td>text</td><td>mlp</td><td>1</td><td>0.710 ± 0.012</td><td>25.0% ± 5.0</td>" in text
