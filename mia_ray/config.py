@@ -175,7 +175,7 @@ class FinetuneConfig:
     grad_accum: int = 1
     lr: float = 1e-4
     weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
+    warmup_ratio: float = 0.06  # linear warmup share of the steps, as in CopyCheck's scripts
     lora_r: int = 8
     lora_alpha: int = 16
     lora_dropout: float = 0.1
@@ -184,7 +184,9 @@ class FinetuneConfig:
     template: str = DEFAULT_TEMPLATE
     blob_prior_std: float = 0.2
     blob_init_std: float = 0.0025  # BLoB: G ~ U[eps/sqrt2, eps], eps 0.05; sigma = G^2
-    blob_kl_weight: float = 1.0  # multiplies pi = 1 / batches per epoch (BLoB's KL reweighting)
+    # multiplies pi = 1 / optimizer steps per epoch (BLoB's KL reweighting): the KL step runs
+    # once per optimizer step, so grad_accum and the Ray Train workers count
+    blob_kl_weight: float = 1.0
     blob_kl_lr: float = 0.01  # BLoB steps pi * KL with its own SGD after each CE step
     deepspeed: str = ""  # a DeepSpeed JSON config, passed to the HF Trainer (GPU only)
     seed: int = 0
@@ -222,8 +224,13 @@ class UncertaintyConfig:
     train_workers: int = 1  # >1: a member trains on several workers with Ray Train
     max_concurrent_trials: int = 0  # 0 = as many as the resources allow
     eps: float = 1e-6  # probability clip inside logs
+    # MC dropout at sampling time: "all" switches on every dropout of the model (model.train(),
+    # as the CopyCheck and BLoB reference code do); "lora" only the LoRA layers' dropout.
+    mc_dropout: str = "all"
 
     def validate(self) -> None:
+        if self.mc_dropout not in ("all", "lora"):
+            raise MiaError(f"uncertainty.mc_dropout must be all or lora, not {self.mc_dropout!r}")
         bad = sorted(set(self.samplers) - {"mcd", "blob", "ensemble", "blackbox"})
         if bad or not self.samplers:
             raise MiaError(

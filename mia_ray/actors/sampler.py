@@ -5,8 +5,10 @@ carry ``snippet_id`` and ``text``; output rows are the input rows plus ``column`
 n probabilities, or one with ``scalar``). Every prediction is the softmax over the logits of the "0" and "1" tokens
 only. Results do not depend on batching, actor restarts or order:
 
-- ``mcd``: LoRA dropout stays on; the n passes of a snippet are one batch of n copies under a
-  generator seeded from (seed, snippet_id), so a snippet's masks are the same on every run;
+- ``mcd``: dropout stays on, every dropout of the model (``mc_dropout="all"``: the model in
+  train mode, as the CopyCheck and BLoB reference code sample) or only the LoRA layers'
+  (``"lora"``); the n passes of a snippet are one batch of n copies under a generator seeded
+  from (seed, snippet_id), so a snippet's masks are the same on every run;
 - ``blob``: n weight draws, draw i seeded with (seed, i) and shared by every snippet;
 - ``ensemble``: one base model, the member adapters switched in turn (placement
   "adapters"), or a single member per actor (placement "members", ``adapters`` of length 1).
@@ -42,6 +44,7 @@ class Sampler:
         dtype: str = "auto",
         torch_threads: int = 0,
         scalar: bool = False,
+        mc_dropout: str = "all",
     ):
         import torch
 
@@ -79,16 +82,30 @@ class Sampler:
             self.names = [f"m{j}" for j in range(len(adapters))]
             model.to(self.device).eval()
             if kind == "mcd":
-                # Monte Carlo dropout: only the LoRA dropout layers sample; the rest stays eval.
-                drops = [m for n, m in model.named_modules() if "lora_dropout" in n]
-                if not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in drops):
-                    raise MiaError(
-                        f"{adapters[0]} has no LoRA dropout to sample: train MC dropout with "
-                        "finetune.lora_dropout > 0"
-                    )
-                for m in drops:
-                    m.train()
+                self._mc_dropout(model, mc_dropout, adapters[0])
             self.model = model
+
+    def _mc_dropout(self, model, mode: str, adapter: str) -> None:
+        """Switch the sampling dropout on: ``all`` = ``model.train()`` (every nn.Dropout, and
+        attention dropout that models apply by their own ``training`` flag); ``lora`` = only
+        the LoRA dropout layers, the rest of the model stays in eval mode."""
+        nn = self.torch.nn
+        if mode not in ("all", "lora"):
+            raise MiaError(f"uncertainty.mc_dropout must be all or lora, not {mode!r}")
+        lora = [m for n, m in model.named_modules() if "lora_dropout" in n]
+        drops = [m for m in model.modules() if isinstance(m, nn.Dropout)] if mode == "all" else lora
+        conf = getattr(model, "config", None)
+        attn_p = float(getattr(conf, "attention_dropout", 0) or 0) if mode == "all" else 0.0
+        if not any(isinstance(m, nn.Dropout) and m.p > 0 for m in drops) and attn_p <= 0:
+            where = "no LoRA dropout" if mode == "lora" else "no dropout, in the model or its LoRA,"
+            raise MiaError(
+                f"{adapter} has {where} to sample: train MC dropout with finetune.lora_dropout > 0"
+            )
+        if mode == "all":
+            model.train()
+        else:
+            for m in lora:
+                m.train()
 
     def _p1(self, seqs: list[list[int]]) -> np.ndarray:
         from mia_ray.models.prompt import answer_logits

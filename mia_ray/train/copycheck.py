@@ -4,9 +4,11 @@ One function trains one uncertainty model ("member"): ``mcd`` (LoRA with dropout
 at sampling time), ``blob`` (Bayesian LoRA, :mod:`mia_ray.models.blob`) or ``ens-<i>`` (one
 of the deep ensemble's LoRA fine-tunes, seed ``seed + 1 + i``). The loss is the cross-entropy of
 the two answer logits. BLoB trains as its reference code does: the optimizer steps the
-cross-entropy, and after each step a separate SGD step (lr ``blob_kl_lr``) descends
-``pi * KL``, pi = 1 / (batches per epoch) (Wang et al. 2024, Wang-ML-Lab/bayesian-peft). Training runs in the HF ``Trainer``, so a DeepSpeed config passes straight
-through and Ray Train's ``TorchTrainer`` can run a member on several GPUs.
+cross-entropy, and after each optimizer step a separate SGD step (lr ``blob_kl_lr``) descends
+``pi * KL``, pi = 1 / (optimizer steps per epoch) (Wang et al. 2024, Wang-ML-Lab/bayesian-peft,
+whose 1 / len(train_loader) is that count with one worker and no gradient accumulation).
+Training runs in the HF ``Trainer``, so a DeepSpeed config passes straight through and Ray
+Train's ``TorchTrainer`` can run a member on several GPUs.
 
 No Ray here: :func:`mia_ray.train.launch.train_members` runs members as Ray Tune trials.
 """
@@ -31,6 +33,21 @@ def member_seed(name: str, seed: int) -> int:
     """MC dropout and BLoB train with ``seed``; ensemble member i with ``seed + 1 + i``, so no
     member repeats the MC-dropout fine-tune (same LoRA, same data order) under another name."""
     return seed + 1 + int(name.split("-")[1]) if name.startswith("ens-") else seed
+
+
+def steps_per_epoch(n_train: int, batch_size: int, grad_accum: int = 1, world_size: int = 1) -> int:
+    """Optimizer steps in one pass over ``n_train`` snippets: each step consumes
+    ``batch_size * grad_accum`` snippets on every one of ``world_size`` data-parallel workers."""
+    return max(1, math.ceil(n_train / (batch_size * grad_accum * max(1, world_size))))
+
+
+def blob_kl_pi(n_train: int, spec, world_size: int = 1) -> float:
+    """BLoB's KL weight pi = ``blob_kl_weight`` / optimizer steps per epoch. The KL step runs
+    once per optimizer step, so over an epoch it adds up to ``blob_kl_weight * KL`` however
+    the batches are accumulated or spread over workers."""
+    return spec.blob_kl_weight / steps_per_epoch(
+        n_train, spec.batch_size, spec.grad_accum, world_size
+    )
 
 
 def default_targets(model) -> list[str]:
@@ -195,6 +212,8 @@ def train_member(
     # Data parallel (Ray Train): each step consumes a batch on every worker.
     per_step = spec.batch_size * spec.grad_accum * max(1, world_size)
     steps = math.ceil(spec.epochs * len(data) / per_step)
+    kl_pi = blob_kl_pi(len(data), spec, world_size) if kind == "blob" else None
+    warmup = math.ceil(spec.warmup_ratio * steps)
     args = TrainingArguments(
         output_dir=str(out / "checkpoints"),
         per_device_train_batch_size=spec.batch_size,
@@ -202,7 +221,7 @@ def train_member(
         max_steps=steps,
         learning_rate=spec.lr,
         weight_decay=spec.weight_decay,
-        warmup_steps=math.ceil(spec.warmup_ratio * steps),
+        warmup_steps=warmup,
         lr_scheduler_type="linear",
         seed=seed,
         data_seed=seed,
@@ -224,8 +243,7 @@ def train_member(
     trainer.answer_ids = enc.answer_ids
     kl_step = None
     if kind == "blob":
-        batches_per_epoch = math.ceil(len(data) / spec.batch_size)
-        kl_step = _blob_kl_callback(model, spec.blob_kl_weight / batches_per_epoch, spec.blob_kl_lr)
+        kl_step = _blob_kl_callback(model, kl_pi, spec.blob_kl_lr)
         trainer.add_callback(kl_step)
     if prepare is not None:
         trainer = prepare(trainer)
@@ -255,10 +273,13 @@ def train_member(
         "n_train": len(data),
         "n_label1": int(sum(data.labels)),
         "steps": steps,
+        "warmup_steps": warmup,
         "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else None,
         "train_loss": float(result.training_loss),
         "final_kl": kl_step.last_kl if kl_step else None,
+        "kl_pi": kl_pi,
+        "world_size": max(1, world_size),
         "elapsed_s": round(time.monotonic() - t0, 2),
         "threads": torch.get_num_threads(),
         "device": dev,

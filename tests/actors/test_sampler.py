@@ -97,7 +97,61 @@ def test_ensemble_switching_adapters_equals_one_actor_per_member(adapters):
     assert any(abs(both[s][0] - both[s][1]) > 1e-6 for s in both)  # members differ
 
 
-def test_mc_dropout_needs_dropout(adapters, test_world, tmp_path):
+@pytest.fixture(scope="module")
+def dropout_base(adapters, tmp_path_factory):
+    """The test world's target with dropout 0.1 in its own layers (same weights)."""
+    import shutil
+
+    base, _, _ = adapters
+    out = tmp_path_factory.mktemp("dropout-base") / "tiny"
+    shutil.copytree(base, out)
+    conf = json.loads((out / "config.json").read_text())
+    conf.update(attn_pdrop=0.1, resid_pdrop=0.1, embd_pdrop=0.1)
+    (out / "config.json").write_text(json.dumps(conf))
+    return str(out)
+
+
+def test_mc_dropout_switches_on_every_dropout_by_default_or_only_lora(adapters, dropout_base):
+    import torch
+
+    from mia_ray.config import UncertaintyConfig
+    from mia_ray.errors import MiaError
+
+    base, paths, spec = adapters
+    kw = dict(kind="mcd", adapters=[paths["mcd"]], column="p", n_samples=5, seed=3,
+              template=spec.template, max_length=spec.max_length, torch_threads=1)  # fmt: skip
+    assert UncertaintyConfig().mc_dropout == "all"  # the reference code's model.train()
+    with pytest.raises(MiaError, match="uncertainty.mc_dropout must be all or lora"):
+        UncertaintyConfig(mc_dropout="base").validate()
+    every = Sampler(base=dropout_base, **kw)
+    lora = Sampler(base=dropout_base, mc_dropout="lora", **kw)
+
+    def on(s):
+        return {
+            n for n, m in s.model.named_modules() if isinstance(m, torch.nn.Dropout) and m.training
+        }
+
+    drops = {n for n, m in every.model.named_modules() if isinstance(m, torch.nn.Dropout)}
+    assert on(every) == drops and every.model.training  # attention dropout reads .training
+    assert on(lora) == {n for n in drops if "lora_dropout" in n} and not lora.model.training
+    assert len(drops) > len(on(lora)) > 0
+    df = _batch()
+    p_every, p_lora = _run(every, df, [6]), _run(lora, df, [6])
+    # The base model's own dropout draws too: the predictions spread wider.
+    spread = lambda p: np.mean([np.ptp(v) for v in p.values()])  # noqa: E731
+    assert spread(p_every) > spread(p_lora)
+    again = _run(Sampler(base=dropout_base, **kw), df.iloc[::-1].reset_index(drop=True), [4, 2])
+    for sid in p_every:  # still the same masks whatever the batching
+        np.testing.assert_allclose(p_every[sid], again[sid], rtol=0, atol=1e-6)
+    # A base without dropout of its own: both modes draw the same masks, the same predictions.
+    plain_every, plain_lora = (
+        _run(Sampler(base=base, mc_dropout=m, **kw), df, [6]) for m in ("all", "lora")
+    )
+    for sid in plain_every:
+        np.testing.assert_allclose(plain_every[sid], plain_lora[sid], rtol=0, atol=1e-6)
+
+
+def test_mc_dropout_needs_dropout(adapters, dropout_base, tmp_path):
     from mia_ray.errors import MiaError
 
     base, _, spec = adapters
@@ -105,8 +159,12 @@ def test_mc_dropout_needs_dropout(adapters, test_world, tmp_path):
     train_member(
         "mcd", base, ["a b c", "d e f"] * 2, [0, 1] * 2, tmp_path / "m", no_drop, threads=1
     )
+    kw = dict(kind="mcd", adapters=[str(tmp_path / "m" / "adapter")], column="p")
+    with pytest.raises(MiaError, match="no dropout, in the model or its LoRA, to sample"):
+        Sampler(base=base, **kw)
     with pytest.raises(MiaError, match="no LoRA dropout to sample"):
-        Sampler(base=base, kind="mcd", adapters=[str(tmp_path / "m" / "adapter")], column="p")
+        Sampler(base=dropout_base, mc_dropout="lora", **kw)
+    Sampler(base=dropout_base, **kw)  # the model's own dropout is enough to sample
 
 
 def test_finished_member_is_skipped_and_a_changed_one_retrained(adapters, tmp_path):
@@ -149,3 +207,9 @@ def test_blob_trains_with_a_separate_kl_step_that_pulls_towards_the_prior(adapte
     rec_strong = train_member("blob", base, texts, labels, tmp_path / "s", strong, threads=1)
     assert 0 < rec["final_kl"] < kl0  # the KL step moved the posterior towards the prior
     assert rec_strong["final_kl"] < rec["final_kl"]  # and a larger KL step moves it further
+    assert rec["steps"] == 4 and rec["kl_pi"] == 0.25  # 16 snippets, 4 a step: 1/4 each step
+    # Accumulating 2 batches a step halves the steps, so each KL step weighs twice as much.
+    accum = FinetuneConfig(**{**spec.__dict__, "grad_accum": 2})
+    rec_accum = train_member("blob", base, texts, labels, tmp_path / "a", accum, threads=1)
+    assert rec_accum["steps"] == 2 and rec_accum["kl_pi"] == 0.5
+    assert rec_accum["warmup_steps"] == 1 and rec["warmup_steps"] == 1  # ceil(0.06 x steps)
