@@ -77,7 +77,7 @@ def main() -> None:
         c.resources.cpus_per_actor = 0.5
         c.resources.torch_threads = max(1, cpus // actors)
         t0 = time.time()
-        parts, _ = lumia._extract(c, ds, meta, work / f"extract-{actors}")
+        parts, _, _ = lumia._extract(c, ds, meta, work / f"extract-{actors}")
         dt = time.time() - t0
         parts_by[actors] = parts
         extraction.append(

@@ -72,12 +72,49 @@ def _score_pool(
     return resumable_map(snippets, out_dir, fp, mapper, out_dir.name)
 
 
+def scorer_key(model_cfg, res_cfg, name: str | None = None) -> str:
+    """Cache key of one Scorer's numbers: the model by content, dtype, device and whether a
+    GPU turns ``dtype: auto`` into bfloat16 (see ``models.identity``)."""
+    from mia_ray.models.identity import model_cfg_key
+
+    return model_cfg_key(model_cfg, name, gpus=res_cfg.gpus_per_actor > 0)
+
+
+def crop_to_scored_span(
+    snip_meta: pd.DataFrame, model_cfg, with_reference: bool
+) -> tuple[pd.DataFrame, int]:
+    """Each snippet's ``text`` cut to what the first ``model.max_length`` tokens of the target
+    (and of the reference, when it scores too) cover, capped at each model's context: every
+    model and zlib then score the same characters. Returns the new frame and how many
+    snippets were cut."""
+    from mia_ray.models.hf import load_tokenizer
+    from mia_ray.models.spans import common_prefix, context_limit
+
+    m = model_cfg
+    specs = [(m.name_or_path, m.revision, m.gguf_file)]
+    if with_reference:
+        specs.append((m.reference, "", ""))
+    toks = [
+        (
+            load_tokenizer(name, rev, m.trust_remote_code, gguf),
+            context_limit(name, m.max_length, rev, m.trust_remote_code, gguf),
+        )
+        for name, rev, gguf in specs
+    ]
+    before = snip_meta["text"].astype(str).str.len()
+    out = snip_meta.copy()
+    out["text"] = common_prefix(out["text"].tolist(), toks)
+    return out, int((out["text"].str.len() < before).sum())
+
+
 def _aggregate(snip: pd.DataFrame, cols: list[str], how: str) -> pd.DataFrame:
     return snip.groupby("doc_id")[cols].agg(how).reset_index()
 
 
 def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Snippet-level and document-level attack scores; also returns the labels and timings."""
+    import ray
+
     from mia_ray.features.attacks import score_table, stats_from_columns
 
     t0 = time.time()
@@ -92,18 +129,25 @@ def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.Dat
     t_data = time.time() - t0
 
     attacks = list(cfg.attack.attacks)
-    # Scored rows are reused only for the very same snippet texts, ids and cropping.
+    snip_meta, n_cropped = crop_to_scored_span(snip_meta, cfg.model, "ref" in attacks)
+    if n_cropped:
+        log(
+            f"{n_cropped} of {len(snip_meta)} snippets cut to the text that fits "
+            f"model.max_length tokens of {'both models' if 'ref' in attacks else 'the model'}"
+        )
+    # Scored rows are reused only for the very same (cropped) snippet texts and ids.
     ordered = snip_meta.sort_values("snippet_id")
     fp_snip = fingerprint(
         pd.util.hash_pandas_object(ordered[["snippet_id", "text"]], index=False).sum(),
         len(ordered),
         cfg.model.max_length,
     )
+    scored = ray.data.from_pandas(snip_meta[["snippet_id", "text"]])
     rows_dir = out / "rows"
     t1 = time.time()
     log(f"scoring with target {cfg.model.name_or_path} on {cfg.resources.scorer_actors} actor(s)")
     tgt = _score_pool(
-        snippets,
+        scored,
         cfg.model,
         cfg.resources,
         cfg.model.name_or_path,
@@ -111,19 +155,13 @@ def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.Dat
         "lowercase" in attacks,
         True,
         rows_dir / "target",
-        fingerprint(
-            fp_snip,
-            cfg.model.name_or_path,
-            cfg.model.revision,
-            cfg.model.gguf_file,
-            "lowercase" in attacks,
-        ),
+        fingerprint(fp_snip, scorer_key(cfg.model, cfg.resources), "lowercase" in attacks),
     )
     merged = snip_meta.merge(tgt, on="snippet_id", how="inner", validate="one_to_one")
     if "ref" in attacks:
         log(f"scoring with reference {cfg.model.reference}")
         ref = _score_pool(
-            snippets,
+            scored,
             cfg.model,
             cfg.resources,
             cfg.model.reference,
@@ -131,7 +169,7 @@ def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.Dat
             False,
             False,
             rows_dir / "reference",
-            fingerprint(fp_snip, cfg.model.reference),
+            fingerprint(fp_snip, scorer_key(cfg.model, cfg.resources, cfg.model.reference)),
         )
         merged = merged.merge(
             ref[["snippet_id", "ref_loss"]], on="snippet_id", how="inner", validate="one_to_one"
@@ -157,10 +195,12 @@ def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.Dat
     doc_scores = _aggregate(snip_scores, score_cols, cfg.attack.aggregate)
     doc_scores["label"] = doc_scores["doc_id"].map(labels).astype(int)
     doc_scores["n_snippets"] = doc_scores["doc_id"].map(snip_scores.groupby("doc_id").size())
+    snip_scores["n_chars"] = merged["text"].str.len().to_numpy()
     timings = {
         "data_s": round(t_data, 2),
         "score_s": round(t_score, 2),
         "n_snippets": len(snip_meta),
+        "n_cropped": n_cropped,
     }
     return (
         snip_scores,
@@ -168,7 +208,7 @@ def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.Dat
         {
             "labels": labels,
             "timings": timings,
-            "snippets": snippets,
+            "snippets": scored,
             "docs": docs,
             "score_cols": score_cols,
         },
@@ -223,6 +263,7 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
             "n_members": int(doc_scores["label"].sum()),
             "n_nonmembers": int((1 - doc_scores["label"]).sum()),
             "n_snippets": int(len(snip_scores)),
+            "n_cropped": int(ctx["timings"]["n_cropped"]),
             "snippet": f"{cfg.data.snippet_size} {cfg.data.snippet_unit}",
             "level": cfg.attack.level,
             "aggregate": cfg.attack.aggregate,
@@ -273,8 +314,26 @@ def _notes(cfg: AttackJobConfig, report: dict) -> list[str]:
         ),
         "Balanced accuracy and accuracy use thresholds chosen by cross-fitting: each row is classified "
         "by a threshold chosen on the other folds, never with its own label.",
-        f"Confidence intervals: {cfg.eval.bootstrap} stratified bootstrap resamples, {cfg.eval.ci:.0%} percentile.",
     ]
+    d = report["data"]
+    models = "the target and the reference" if "ref" in cfg.attack.attacks else "the target"
+    notes.append(
+        f"{d['n_cropped']} of {d['n_snippets']} snippets were longer than what the first "
+        f"{cfg.model.max_length} tokens of {models} cover (capped at each model's context) and "
+        "were cut to that text before scoring; every model and zlib score exactly the same "
+        "characters (snippet_scores.parquet: n_chars)."
+    )
+    if cfg.attack.level == "snippet" and d["n_snippets"] > d["n_documents"]:
+        notes.append(
+            f"Confidence intervals: {cfg.eval.bootstrap} cluster-bootstrap resamples of documents "
+            f"(a document's snippets are drawn together, members and non-members apart), "
+            f"{cfg.eval.ci:.0%} percentile: snippets of one document are not independent."
+        )
+    else:
+        notes.append(
+            f"Confidence intervals: {cfg.eval.bootstrap} stratified bootstrap resamples, "
+            f"{cfg.eval.ci:.0%} percentile."
+        )
     n_non = report["data"]["n_nonmembers"] if cfg.attack.level == "document" else None
     if n_non:
         floor = 1 / n_non

@@ -104,20 +104,27 @@ def _samples(cfg: LumiaJobConfig, multimodal: bool):
     return ds, meta, docs
 
 
-def _extract(cfg: LumiaJobConfig, ds, meta: pd.DataFrame, out: Path) -> tuple[list[Path], float]:
+def _extract(
+    cfg: LumiaJobConfig, ds, meta: pd.DataFrame, out: Path
+) -> tuple[list[Path], float, str]:
+    """Activation parts, the seconds they took, and the fingerprint they were keyed on."""
     import ray
 
     from mia_ray.actors.activations import ActivationReader
+    from mia_ray.models.identity import tree_sha256
+    from mia_ray.pipelines.attack import scorer_key
 
     res = cfg.resources
     threads = res.torch_threads or max(1, int(np.ceil(res.cpus_per_actor)))
     fp = fingerprint(
         pd.util.hash_pandas_object(meta[["snippet_id", "text"]], index=False).sum(),
         len(meta),
-        cfg.model.name_or_path,
-        cfg.model.revision,
+        # The model by content (retrained in place = new activations), dtype and device.
+        scorer_key(cfg.model, res),
         cfg.model.max_length,
         list(meta["image"]) if "image" in meta else None,
+        # An image file rewritten under the same name changes the activations too.
+        [tree_sha256(p) for p in meta["image"]] if "image" in meta else None,
     )
 
     def mapper(todo):
@@ -142,7 +149,7 @@ def _extract(cfg: LumiaJobConfig, ds, meta: pd.DataFrame, out: Path) -> tuple[li
 
     t0 = time.time()
     parts = resumable_map(ds, out / "activations", fp, mapper, "activations", load=False)
-    return parts, time.time() - t0
+    return parts, time.time() - t0, fp
 
 
 def _probe_task(X, y, groups, splits, kinds, seed, val_fraction, mlp_params):
@@ -386,14 +393,13 @@ def _run_target(cfg: LumiaJobConfig, name: str, out: Path) -> dict[str, Any]:
         y, groups, n_repeats=p.repeats, test_size=p.test_size, seed=p.seed
     )
 
-    parts, t_extract = _extract(cfg, ds, meta, out)
+    parts, t_extract, act_fp = _extract(cfg, ds, meta, out)
     probe_fp = fingerprint(
         [pd.read_parquet(f, columns=["snippet_id"]).shape[0] for f in parts],
         list(meta["snippet_id"]),
         meta["label"].tolist(),
         list(meta["doc_id"]),
-        cfg.model.name_or_path,
-        cfg.model.max_length,
+        act_fp,  # new activations (another model, dtype, texts) retrain every probe
         # How the probes are scheduled does not change them: not part of the fingerprint.
         {k: v for k, v in vars(p).items() if k not in ("parallel", "cpus_per_task")},
     )

@@ -81,3 +81,108 @@ def test_no_signal_invented_on_an_untrained_model(tmp_path, ray_local, test_worl
     for name in ATTACKS:
         lo, hi = report["metrics"][name]["auc_ci"]
         assert lo <= 0.5 <= hi, (name, report["metrics"][name]["auc"], lo, hi)
+
+
+def _loss_only(test_world, out, *extra):
+    args = _args(test_world, "tiny", out) + [
+        "--set", "attack.attacks=[loss]", "--set", "eval.bootstrap=100",
+        "--set", "eval.blind_baseline=false", *extra,
+    ]  # fmt: skip
+    return args
+
+
+def test_new_weights_or_dtype_at_the_same_path_are_scored_afresh(
+    tmp_path, ray_local, test_world, capsys
+):
+    """Scored rows are keyed on the model's content and dtype, not its folder name."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(test_world["model"], model)
+    out = tmp_path / "run"
+    args = _loss_only(test_world, out, "--set", f"model.name_or_path={model}")
+    assert main(args) == 0
+    trained = json.loads((out / "report.json").read_text())["metrics"]["loss"]["auc"]
+    assert trained >= 0.9
+    # Retrained in place: the untrained model's weights now sit at the same path.
+    shutil.copy(test_world["targets"]["tiny-random"]["model"] + "/model.safetensors", model)
+    capsys.readouterr()
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "target: inputs changed since the last run; computing afresh" in err
+    assert "reusing" not in err
+    fresh = json.loads((out / "report.json").read_text())["metrics"]["loss"]["auc"]
+    assert fresh < 0.75
+    assert main(args + ["--set", "model.dtype=bfloat16"]) == 0
+    assert "target: inputs changed since the last run; computing afresh" in capsys.readouterr().err
+
+
+def _word_level_model(tmp_path, test_world, n_positions: int):
+    """A random GPT-2 with a whitespace word-level vocabulary: another tokenizer than tiny's."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    words = {"[UNK]": 0, "[EOS]": 1}
+    for line in open(test_world["documents"], encoding="utf-8"):
+        for w in json.loads(line)["text"].split():
+            words.setdefault(w, len(words))
+    tok = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]", pad_token="[EOS]"
+    )
+    path = tmp_path / "word-ref"
+    fast.save_pretrained(path)
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=len(words), n_positions=n_positions, n_embd=16, n_layer=1, n_head=2)
+    GPT2LMHeadModel(cfg).save_pretrained(path)
+    return path, fast
+
+
+def test_a_reference_with_another_tokenizer_scores_the_same_text(tmp_path, ray_local, test_world):
+    import zlib
+
+    from transformers import AutoTokenizer
+
+    from mia_ray.config import DataConfig
+    from mia_ray.pipelines.common import labelled_documents, snippets_of
+
+    ref_path, ref_tok = _word_level_model(tmp_path, test_world, n_positions=32)
+    out = tmp_path / "run"
+    args = _args(test_world, "tiny", out) + [
+        "--set", f"model.reference={ref_path}", "--set", "model.max_length=48",
+        "--set", "attack.attacks=[loss,zlib,ref]", "--set", "eval.bootstrap=100",
+        "--set", "eval.blind_baseline=false", "--set", "data.max_snippets_per_doc=2",
+    ]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    snip = pd.read_parquet(out / "snippet_scores.parquet").set_index("snippet_id")
+    ref_rows = pd.read_parquet(list((out / "rows" / "reference").glob("part-*.parquet")))
+    ref_rows = ref_rows.set_index("snippet_id")
+    # The snippets as the pipeline cut them from the documents, before the crop.
+    data = DataConfig(
+        path=test_world["documents"], labels=test_world["manifest"], unlabelled="skip",
+        snippet_size=128, max_snippets_per_doc=2,
+    )  # fmt: skip
+    docs, _ = labelled_documents(data)
+    texts = snippets_of(docs, data, "").to_pandas().set_index("snippet_id")["text"]
+    tgt_tok = AutoTokenizer.from_pretrained(test_world["model"])
+    n_ref_bound = 0
+    for sid, row in snip.iterrows():
+        scored = texts[sid][: row["n_chars"]]
+        n_tgt = len(tgt_tok(scored)["input_ids"])
+        n_ref = len(ref_tok(scored)["input_ids"])
+        assert n_tgt <= 48 and n_ref <= 32
+        assert row["n_tokens"] == n_tgt
+        assert ref_rows.loc[sid, "ref_n_tokens"] == n_ref  # the reference scored that very text
+        n_ref_bound += n_ref >= 31
+        # zlib compresses exactly the scored text: zlib = loss / len(compress(scored)).
+        assert row["zlib"] == pytest.approx(row["loss"] / len(zlib.compress(scored.encode())))
+    assert n_ref_bound > 0  # the reference was the tighter one there, not the target
+    assert report["data"]["n_cropped"] == len(snip)
+    assert any(
+        f"{len(snip)} of {len(snip)} snippets were longer than what the first 48 tokens of "
+        "the target and the reference cover" in n
+        for n in report["notes"]
+    )
