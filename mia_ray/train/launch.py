@@ -5,12 +5,21 @@ one Tune run. A member that finished before (its ``done.json`` carries the same
 fingerprint) is not launched again, so rerunning the command retrains nothing. With
 ``train_workers > 1`` a trial trains its member with Ray Train's ``TorchTrainer`` (HF Trainer
 prepared for data parallelism; DeepSpeed ZeRO comes from the member's config).
+
+Ctrl-C: Tune's own SIGINT handler ends the run quietly and returns a partial result, so the
+pipeline would carry on (or fail later on the missing members). :func:`train_members` detects
+that and raises ``KeyboardInterrupt`` once Tune has stopped its trials, as the other
+pipelines' interrupts are; finished members keep their ``done.json`` and a rerun resumes.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +107,39 @@ def _trial(config: dict[str, Any]) -> None:
     tune.report({"final_loss": record.get("final_loss") or 0.0, "elapsed_s": record["elapsed_s"]})
 
 
+@contextmanager
+def interrupt_guard():
+    """Yield ``interrupted(returned)``: whether Ctrl-C came while ``tuner.fit()`` ran in the
+    block (``returned``: fit() returned rather than raised).
+
+    ``tuner.fit()`` puts its own SIGINT handler in place of the one it finds and, on the first
+    Ctrl-C, stops the trials gracefully, puts the one it found back and returns as if done.
+    So we set ours before ``fit()``: finding it in place once fit() has returned means Tune
+    was interrupted; and ours raises ``KeyboardInterrupt`` on a second Ctrl-C (or the first,
+    with TUNE_DISABLE_SIGINT_HANDLER set), which Tune no longer catches. Off the main thread
+    no handler can be set and Tune's own handling stays."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda returned=True: False
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    tune_catches = not int(os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") or 0)
+    hits: list[int] = []
+
+    def handler(signum, frame):
+        hits.append(signum)
+        raise KeyboardInterrupt
+
+    def interrupted(returned: bool = True) -> bool:
+        handed_back = tune_catches and signal.getsignal(signal.SIGINT) is handler
+        return bool(hits) or (returned and handed_back)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def train_members(
     jobs: list[dict[str, Any]],
     storage: Path,
@@ -111,7 +153,8 @@ def train_members(
     """Train every unfinished job as a Tune trial; return every job's ``done.json`` record.
 
     ``jobs``: dicts with member, base, train_file (parquet of snippet_id, text, label),
-    out_dir, spec (FinetuneConfig as a dict), device, dtype, fingerprint.
+    out_dir, spec (FinetuneConfig as a dict), device, dtype, fingerprint. Ctrl-C (SIGINT)
+    while trials run raises ``KeyboardInterrupt`` once Tune has stopped them.
     """
     pending = [j for j in jobs if not finished(j)]
     if len(pending) < len(jobs):
@@ -143,7 +186,21 @@ def train_members(
                 failure_config=tune.FailureConfig(max_failures=1),
             ),
         )
-        grid = tuner.fit()
+        with interrupt_guard() as interrupted:
+            try:
+                grid = tuner.fit()
+            except Exception:
+                # A second Ctrl-C inside Ray's C code can surface as another exception.
+                if interrupted(returned=False):
+                    raise KeyboardInterrupt from None
+                raise
+            if interrupted():  # Tune stopped the trials and returned a partial result
+                kept = sum(finished(j) for j in jobs)
+                log(
+                    f"fine-tuning interrupted: {kept} of {len(jobs)} members trained and kept "
+                    "(not Tune's Tuner.restore: rerun the same command to resume)"
+                )
+                raise KeyboardInterrupt
         errors = [r.error for r in grid if r.error is not None]
         if errors:
             from mia_ray.errors import find_mia_error

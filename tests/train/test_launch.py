@@ -58,12 +58,28 @@ def test_members_train_as_trials_and_a_rerun_trains_nothing(tmp_path, ray_local,
 def test_a_member_on_two_workers_trains_data_parallel_with_ray_train(
     tmp_path, ray_local, test_world
 ):
-    (job,) = _jobs(tmp_path, test_world, ["ens-3"])
-    (record,) = train_members([job], tmp_path / "tune", cpus=0.5, workers=2)
+    jobs = _jobs(tmp_path, test_world, ["ens-3", "blob"])
+    record, blob = train_members(jobs, tmp_path / "tune", cpus=0.5, workers=2)
     # Each step consumes a batch of 4 on both workers: 16 snippets take 2 steps, not 4.
-    assert record["steps"] == 2 and record["n_train"] == 16
+    assert record["steps"] == 2 and record["n_train"] == 16 and record["world_size"] == 2
     saved = json.loads((tmp_path / "ens-3" / "adapter" / "adapter_config.json").read_text())
     assert saved["r"] == 8 and saved["target_modules"] == ["c_attn"]
+    # BLoB's KL step runs once per optimizer step: 2 steps an epoch, each weighs 1/2.
+    assert blob["steps"] == 2 and blob["world_size"] == 2 and blob["kl_pi"] == 0.5
+
+
+def test_a_ctrl_c_that_tune_does_not_catch_raises_and_the_handler_comes_back(monkeypatch):
+    import signal
+
+    from mia_ray.train.launch import interrupt_guard
+
+    monkeypatch.delenv("TUNE_DISABLE_SIGINT_HANDLER", raising=False)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), interrupt_guard() as interrupted:
+        assert not interrupted(returned=False)  # an error of fit() is no interruption
+        signal.raise_signal(signal.SIGINT)  # (the real Ctrl-C through Tune: tests/pipelines)
+    assert interrupted(returned=False)
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_a_failing_member_fails_the_run_with_its_message(tmp_path, ray_local, test_world):
