@@ -106,6 +106,23 @@ def test_rerun_recomputes_nothing_and_gives_identical_numbers(run, test_world, c
         assert again[key] == report[key], key
 
 
+def test_another_dtype_extracts_and_probes_afresh(run, test_world, tmp_path, capfd):
+    """Activations are keyed on how the model ran (dtype), not only on its name."""
+    import shutil
+
+    out, _ = run
+    again = tmp_path / "bf16"
+    shutil.copytree(out, again)
+    capfd.readouterr()
+    args = _args(
+        test_world, again, "--set", "model.dtype=bfloat16", "--set", "probe.kinds=[logreg]"
+    )
+    assert main(args) == 0
+    err = capfd.readouterr().err
+    assert "activations: inputs changed since the last run; computing afresh" in err
+    assert "activations: reusing" not in err
+
+
 def test_serial_probes_give_the_same_numbers_as_parallel(run, test_world, tmp_path):
     out, report = run
     import shutil
