@@ -69,6 +69,14 @@ class ModelConfig:
     batch_size: int = 8
     trust_remote_code: bool = False
 
+    def validate(self) -> None:
+        _check_choice("model.dtype", self.dtype, DTYPES)
+        _check_choice("model.device", self.device, DEVICES)
+        if self.max_length < 2:
+            # A token's loss needs the token before it: fewer than 2 tokens score nothing.
+            raise MiaError(f"model.max_length must be at least 2 tokens, not {self.max_length}")
+        _check_at_least_1({"model.batch_size": self.batch_size})
+
 
 @dataclass
 class ResourcesConfig:
@@ -82,6 +90,13 @@ class ResourcesConfig:
     torch_threads: int = 0  # per actor; 0 = cpus_per_actor rounded up
     no_progress_timeout_s: float = 0.0  # 0 = Ray's default
 
+    def validate(self) -> None:
+        _check_at_least_1({"resources.scorer_actors": self.scorer_actors})
+        _check_cpus_gpus("resources", self.cpus_per_actor, self.gpus_per_actor, "_per_actor")
+        for key in ("num_cpus", "torch_threads", "no_progress_timeout_s"):
+            if getattr(self, key) < 0:
+                raise MiaError(f"resources.{key} must be 0 or more, not {getattr(self, key)}")
+
 
 @dataclass
 class EvalConfig:
@@ -93,6 +108,41 @@ class EvalConfig:
     ngram_n: list[int] = field(default_factory=lambda: [7, 13])
     ngram_p: float = 0.8
     seed: int = 0
+
+    def validate(self) -> None:
+        # A percentile interval's ends rest on its most extreme draws: with fewer than 100
+        # the 95 % ends are the 2nd-3rd smallest and largest values, not an interval.
+        if self.bootstrap != 0 and self.bootstrap < MIN_BOOTSTRAP:
+            raise MiaError(
+                f"eval.bootstrap must be 0 (no intervals) or at least {MIN_BOOTSTRAP} "
+                f"resamples, not {self.bootstrap}"
+            )
+        if not 0 < self.ci < 1:
+            raise MiaError(f"eval.ci must lie in (0, 1), e.g. 0.95, not {self.ci}")
+        bad = [f for f in self.fprs if not 0 < f < 1]
+        if bad or not self.fprs:
+            raise MiaError(
+                f"eval.fprs must list false-positive rates in (0, 1), e.g. [0.01, 0.05]; "
+                f"got {bad[0] if bad else '[]'}"
+            )
+        if self.threshold_folds < 2:
+            raise MiaError(
+                f"eval.threshold_folds must be at least 2 (cross-validation), not "
+                f"{self.threshold_folds}"
+            )
+        if not self.ngram_n or min(self.ngram_n) < 1 or not 0 < self.ngram_p <= 1:
+            raise MiaError(
+                "eval.ngram_n must list n-gram sizes >= 1 and eval.ngram_p lie in (0, 1]"
+            )
+
+    def check_classes(self, data: DataConfig) -> None:
+        """Cross-validation needs 2 documents per class: fail here, not after the scoring."""
+        if data.min_docs_per_class < 2:
+            raise MiaError(
+                f"data.min_docs_per_class must be at least 2, not {data.min_docs_per_class}: "
+                f"the out-of-fold thresholds (eval.threshold_folds = {self.threshold_folds}, "
+                "fewer when a class is smaller) need 2 documents of each class"
+            )
 
 
 @dataclass
@@ -124,6 +174,14 @@ class AttackConfig:
     aggregate: str = "mean"  # how snippet scores make a document score: mean | median | max
 
     def validate(self) -> None:
+        from mia_ray import registry
+
+        known = registry.names("attack")
+        if not self.attacks:
+            raise MiaError(f"attack.attacks is empty (known: {', '.join(known)})")
+        for name in self.attacks:
+            if name not in known:
+                raise MiaError(f"attack.attacks: unknown attack {name!r}{_hint(name, known)}")
         if self.level not in ("document", "snippet"):
             raise MiaError(f"attack.level must be document or snippet, not {self.level!r}")
         if self.aggregate not in ("mean", "median", "max"):
@@ -151,6 +209,10 @@ class AttackJobConfig:
 
     def validate(self) -> None:
         self.data.validate()
+        self.model.validate()
+        self.resources.validate()
+        self.eval.validate()
+        self.eval.check_classes(self.data)
         self.attack.validate()
         if not self.world.target:
             if not self.data.path:
@@ -248,6 +310,15 @@ class UncertaintyConfig:
             )
         if self.n_samples < 2 or self.ensemble_size < 2:
             raise MiaError("uncertainty.n_samples and uncertainty.ensemble_size must be at least 2")
+        _check_at_least_1(
+            {
+                "uncertainty.batch_size": self.batch_size,
+                "uncertainty.sampler_actors": self.sampler_actors,
+                "uncertainty.train_workers": self.train_workers,
+            }
+        )
+        _check_cpus_gpus("uncertainty", self.cpus_per_actor, self.gpus_per_actor, "_per_actor")
+        _check_cpus_gpus("uncertainty", self.train_cpus, self.train_gpus, "")
 
 
 @dataclass
@@ -309,6 +380,11 @@ class DetectConfig:
     seed: int = 0
 
     def validate(self) -> None:
+        for name in [*self.methods, self.baseline_method]:
+            if name not in CLUSTER_METHODS:
+                raise MiaError(
+                    f"detect: unknown method {name!r}{_hint(name, list(CLUSTER_METHODS))}"
+                )
         bad = sorted(set(self.baselines) - {"prob_tool", "neighbor_loss", "neighbor_ppl", "meeus"})
         if bad:
             raise MiaError(
@@ -350,6 +426,8 @@ class BackendConfig:
             raise MiaError("backend.base_url is empty: give the endpoint, e.g. http://host:8000/v1")
         if self.batch_size < 1:
             raise MiaError("backend.batch_size must be at least 1")
+        _check_choice("backend.dtype", self.dtype, DTYPES)
+        _check_choice("backend.device", self.device, DEVICES)
 
 
 @dataclass
@@ -370,6 +448,9 @@ class CopyCheckJobConfig:
     def validate(self) -> None:
         self.backend.validate()
         self.data.validate()
+        self.model.validate()
+        self.resources.validate()
+        self.eval.validate()
         self.experiment.validate()
         self.finetune.validate()
         self.uncertainty.validate()
@@ -424,6 +505,8 @@ class ProbeConfig:
             )
         if not 0 <= self.dropout < 1:
             raise MiaError(f"probe.dropout must lie in [0, 1), not {self.dropout}")
+        if self.cpus_per_task <= 0:
+            raise MiaError(f"probe.cpus_per_task must be more than 0, not {self.cpus_per_task}")
 
 
 @dataclass
@@ -449,6 +532,10 @@ class LumiaJobConfig:
 
     def validate(self) -> None:
         self.data.validate()
+        self.model.validate()
+        self.resources.validate()
+        self.eval.validate()
+        self.eval.check_classes(self.data)
         self.probe.validate()
         bad = sorted(set(self.attacks) - set(LUMIA_ATTACKS))
         if bad:
@@ -522,6 +609,8 @@ class HunterConfig:
             )
         if self.pool_size < 1 or self.epochs < 1 or self.lr <= 0 or self.sample_top_k < 1:
             raise MiaError("hunter.pool_size, epochs, lr and sample_top_k must be positive")
+        _check_at_least_1({"hunter.batch_size": self.batch_size})
+        _check_cpus_gpus("hunter", self.train_cpus, self.train_gpus, "")
 
 
 @dataclass
@@ -651,6 +740,8 @@ class MemHunterJobConfig:
 
     def validate(self) -> None:
         self.data.validate()
+        self.model.validate()
+        self.resources.validate()
         self.sweep.validate()
         self.pairs.validate()
         self.hunter.validate()
@@ -721,6 +812,7 @@ class ScanConfig:
             raise MiaError("scan.instance_words and scan.shards_per_pass must be at least 1")
         if self.workers < 1 or self.batch_size < 1 or not 0 < self.ci < 1:
             raise MiaError("scan.workers and scan.batch_size must be positive, scan.ci in (0, 1)")
+        _check_cpus_gpus("scan", self.cpus_per_worker, 0.0, "_per_worker")
 
 
 @dataclass
@@ -767,6 +859,7 @@ class LeakageJobConfig:
     eval: LeakEvalConfig = field(default_factory=LeakEvalConfig)
 
     def validate(self) -> None:
+        self.resources.validate()
         self.crawl.validate()
         self.scan.validate()
         self.backend.validate()
@@ -782,8 +875,37 @@ class DemoWorldJobConfig:
     targets: list[str] = field(default_factory=lambda: ["tiny"])
 
     def validate(self) -> None:
+        self.resources.validate()
         if self.world.scale not in ("demo", "test"):
             raise MiaError(f"world.scale must be demo or test, not {self.world.scale!r}")
+
+
+# ---------------------------------------------------------------- shared checks
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+MIN_BOOTSTRAP = 100
+
+
+def _check_choice(key: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise MiaError(f"{key} must be one of {', '.join(valid)}, not {value!r}")
+
+
+def _check_at_least_1(counts: dict[str, int]) -> None:
+    """Batch sizes and actor counts, by their dotted keys."""
+    for key, n in counts.items():
+        if n < 1:
+            raise MiaError(f"{key} must be at least 1, not {n}")
+
+
+def _check_cpus_gpus(section: str, cpus: float, gpus: float, suffix: str) -> None:
+    # Ray schedules an actor that asks for 0 CPUs anywhere, with no limit on how many share
+    # a core: a worker pool sized from the config then means nothing.
+    if cpus <= 0:
+        raise MiaError(f"{section}.cpus{suffix} must be more than 0, not {cpus}")
+    if gpus < 0:
+        raise MiaError(f"{section}.gpus{suffix} must be 0 or more, not {gpus}")
 
 
 # ---------------------------------------------------------------- loading and overrides
