@@ -3,20 +3,28 @@ and `mia-ray serve --model PATH` (an OpenAI-compatible completions server, see s
 
 Pipelines come from the registry; the CLI never branches on a pipeline's name: each verb's
 parser names the function that runs it. Bad input (any MiaError, also when raised inside a
-Ray task) prints one line and exits 2; an unexpected failure prints one line and keeps the
+Ray task or actor) prints one line and exits 2; an unexpected failure prints one line naming
+its cause and exits 1. Whatever came through Ray, and every unexpected failure, keeps its
 traceback in DIR/error.log.
+
+A report in DIR always belongs to the config.yaml beside it: a new run first moves the last
+run's report.json, report.html and config.yaml to DIR/previous/, and the pipeline writes the
+new report at its end (atomically), so a run that fails leaves no report of another config.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from mia_ray.errors import MiaError, find_mia_error
+from mia_ray.errors import MiaError, describe_failure, find_mia_error
+
+REPORT_FILES = ("report.json", "report.html")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,6 +113,7 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     from mia_ray.reports.io import write_json, write_text
     from mia_ray.runtime import configure_data_context, connect
 
+    _set_aside_last_report(out)
     write_text(out / "config.yaml", dump_yaml(cfg, spec.name))
     res = getattr(cfg, "resources", None)
     mode = connect(res.address if res else "", res.num_cpus if res else 0)
@@ -119,6 +128,23 @@ def _run_pipeline(args: argparse.Namespace) -> int:
         f"mia-ray {spec.name}: done in {time.time() - t0:.0f} s ({mode} Ray); report: {out / 'report.html' if (out / 'report.html').exists() else out / 'report.json'}"
     )
     return 0
+
+
+def _set_aside_last_report(out: Path) -> None:
+    """Move the last run's report (and the config it belongs to) to ``out/previous/``."""
+    (out / "error.log").unlink(missing_ok=True)  # it told of a run that is over
+    old = [out / name for name in REPORT_FILES if (out / name).exists()]
+    if not old:
+        return
+    prev = out / "previous"
+    if prev.exists():
+        shutil.rmtree(prev)
+    prev.mkdir()
+    if (out / "config.yaml").exists():
+        old.append(out / "config.yaml")
+    for path in old:
+        os.replace(path, prev / path.name)
+    print(f"mia-ray: the last run's report is now in {prev}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,20 +163,28 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the one place that turns failures into exit codes
         err = find_mia_error(e)
         if err is not None:
-            print(f"mia-ray: error: {err}", file=sys.stderr)
+            # A plain MiaError is bad input with nothing more to tell; one that came through
+            # Ray's wrappers keeps the remote traceback for whoever debugs the worker.
+            plain = type(e).__module__.startswith("mia_ray")
+            where = "" if plain else _write_error_log(argv, create=False)
+            print(f"mia-ray: error: {err}{where}", file=sys.stderr)
             return 2
-        out = _out_dir(argv)
-        where = ""
-        if out is not None:
-            try:
-                out.mkdir(parents=True, exist_ok=True)
-                (out / "error.log").write_text(traceback.format_exc())
-                where = f" (traceback in {out / 'error.log'})"
-            except OSError:
-                pass
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"mia-ray: failed: {type(e).__name__}: {first[:500]}{where}", file=sys.stderr)
+        where = _write_error_log(argv, create=True)
+        print(f"mia-ray: failed: {describe_failure(e)}{where}", file=sys.stderr)
         return 1
+
+
+def _write_error_log(argv: list[str] | None, create: bool) -> str:
+    """Write the traceback being handled to ``--out``/error.log; return where, for the line."""
+    out = _out_dir(argv)
+    if out is None or not (create or out.is_dir()):
+        return ""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "error.log").write_text(traceback.format_exc())
+    except OSError:
+        return ""
+    return f" (traceback in {out / 'error.log'})"
 
 
 def _out_dir(argv: list[str] | None) -> Path | None:

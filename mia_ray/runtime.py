@@ -78,8 +78,17 @@ def configure_data_context(no_progress_timeout_s: float = 0.0, progress: bool = 
     import warnings
 
     import ray
+    import ray.data  # sets up Ray Data's log handlers, which the filter below joins
 
     logging.getLogger("ray.data").setLevel(os.environ.get("RAY_DATA_LOG_LEVEL", "WARNING"))
+    # Ray Data prints a failing task's whole traceback to the console (twice) before it
+    # raises; the CLI says the cause in one line and keeps the traceback in error.log (Ray
+    # Data's own log file still gets it: the filter sits on the console handlers only).
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(
+            handler, logging.FileHandler
+        ):
+            handler.addFilter(_drop_failure_traces)
     warnings.filterwarnings("ignore", message="Use 'expr' instead of 'fn'")
     warnings.filterwarnings("ignore", message="The minimum number of concurrent actors")
 
@@ -90,3 +99,7 @@ def configure_data_context(no_progress_timeout_s: float = 0.0, progress: bool = 
     ctx.raise_original_map_exception = True
     if no_progress_timeout_s:
         ctx.execution_no_progress_timeout_s = no_progress_timeout_s
+
+
+def _drop_failure_traces(record) -> bool:
+    return record.name != "ray.data.exceptions" and not record.exc_info
