@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
@@ -34,6 +35,7 @@ FORMATS = ("auto", "text", "jsonl", "parquet")
 _SUFFIX_FORMAT = {".jsonl": "jsonl", ".parquet": "parquet", ".txt": "text"}
 _ROWS_PER_BLOCK = 4096
 _READ_CHUNK = 8 << 20
+DEFAULT_ID_FIELD = "id"  # may be absent (ids are then hashes); any other name must be there
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ def read_documents(
     id_field: str = "id",
     label_field: str = "label",
     date_field: str = "date",
+    note: Callable[[str], None] | None = None,
 ):
     """Read documents into a ``ray.data.Dataset`` with ``doc_id``, ``text`` [, ``label``, ``date``].
 
@@ -68,7 +71,9 @@ def read_documents(
       ``text_field`` is required; ``id_field``, ``label_field`` and ``date_field`` are used
       when the source has them (as seen in the first record / schema of the first file).
       Without an id field, ``doc_id`` is ``text-`` + 16 hex digits of the BLAKE2b hash of the
-      text (stable, independent of row order).
+      text (stable, independent of row order), and ``note`` (if given) is told so. That
+      holds for the default id field ``id`` only: a source without an ``id_field`` the
+      caller named otherwise is an error (a typo must not turn into hashed ids).
     - auto: by suffix for a file; for a directory, jsonl or parquet when every file has that
       suffix, text when none has.
 
@@ -93,10 +98,25 @@ def read_documents(
         return _validated(ds, str(path), no_id=False)
     if fmt == "jsonl":
         fields = _jsonl_fields(base, rels, text_field, id_field, label_field, date_field)
+    else:
+        fields = _parquet_fields(base, rels, text_field, id_field, label_field, date_field)
+    if not fields.has_id:
+        first = f"the first record of {rels[0]}" if fmt == "jsonl" else f"the columns of {rels[0]}"
+        if id_field != DEFAULT_ID_FIELD:
+            raise MiaError(
+                f"id field {id_field!r} (data.id_field) is not in {first}: name the "
+                f"field that holds each document's id, or leave it at {DEFAULT_ID_FIELD!r} to "
+                "use hashes of the texts"
+            )
+        if note is not None:
+            note(
+                f"{path}: its records have no {id_field!r} field, so each doc_id is a hash of "
+                "the text (text-...); set data.id_field to the field that holds the ids"
+            )
+    if fmt == "jsonl":
         source = _jsonl_datasource_class()(paths, base=str(base), fields=fields)
         ds = ray.data.read_datasource(source)
     else:
-        fields = _parquet_fields(base, rels, text_field, id_field, label_field, date_field)
         optional = [
             (fields.id, fields.has_id),
             (fields.label, fields.has_label),
@@ -148,14 +168,20 @@ def load_manifest(path: str | os.PathLike) -> dict[str, int]:
     return {str(k): int(v) for k, v in obj.items()}
 
 
-def attach_labels(ds, manifest: dict[str, int], unlabelled: str = "error"):
+def attach_labels(
+    ds,
+    manifest: dict[str, int],
+    unlabelled: str = "error",
+    note: Callable[[str], None] | None = None,
+):
     """Add or replace the ``label`` column of ``ds`` from ``manifest`` (doc_id -> 0/1).
 
     The doc_ids of ``ds`` are collected on the driver first (one pass; cheap on the
     materialized dataset that ``read_documents`` returns), so a manifest that lacks some
     documents fails before anything else runs, or with ``unlabelled="skip"`` those documents
     are left out (a manifest that picks its documents from a larger corpus). Manifest entries
-    without a document are ignored.
+    without a document are left out too; ``note`` (if given) is told how many, since a
+    manifest of another id scheme (or other data) would otherwise pass unseen.
     """
     ids = _column_values(ds, "doc_id")
     missing = sorted(set(ids) - manifest.keys())
@@ -164,10 +190,21 @@ def attach_labels(ds, manifest: dict[str, int], unlabelled: str = "error"):
         ds = ds.filter(lambda r: r["doc_id"] in keep).materialize()
         ids = [i for i in ids if i in keep]
         if not ids:
-            raise MiaError("labels manifest names none of the documents")
+            raise MiaError(
+                f"labels manifest names none of the {len(missing)} documents (its ids look "
+                f"like {_shown(sorted(manifest), 2)}, the documents' like {_shown(missing, 2)})"
+            )
     elif missing:
-        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
-        raise MiaError(f"labels manifest lacks {len(missing)} of {len(ids)} documents: {shown}")
+        raise MiaError(
+            f"labels manifest lacks {len(missing)} of {len(ids)} documents: {_shown(missing)} "
+            "(set data.unlabelled=skip to leave unlabelled documents out)"
+        )
+    extra = sorted(manifest.keys() - set(ids))
+    if extra and note is not None:
+        note(
+            f"labels manifest names {len(extra)} of its {len(manifest)} documents that the "
+            f"data does not have ({_shown(extra)}); they are left out"
+        )
     needed = {doc_id: int(manifest[doc_id]) for doc_id in ids}
     return ds.map_batches(_set_labels, fn_kwargs={"labels": needed}, batch_format="pyarrow")
 
@@ -340,6 +377,10 @@ def _column_values(ds, column: str) -> list:
     for batch in ds.select_columns([column]).iter_batches(batch_format="pyarrow", batch_size=None):
         out.extend(batch.column(column).to_pylist())
     return out
+
+
+def _shown(ids: list[str], n: int = 5) -> str:
+    return ", ".join(ids[:n]) + (", ..." if len(ids) > n else "")
 
 
 def _more(n: int, what: str) -> str:

@@ -58,8 +58,11 @@ def sample_per_class(labels: dict[str, int], max_per_class: int, seed: int = 0) 
     return out
 
 
-def check_classes(labels: dict[str, int], min_per_class: int) -> None:
-    """Raise ``MiaError`` unless both classes (1 member, 0 non-member) have ``min_per_class`` docs."""
+def check_classes(
+    labels: dict[str, int], min_per_class: int, setting: str = "data.min_docs_per_class"
+) -> None:
+    """Raise ``MiaError`` unless both classes (1 member, 0 non-member) have ``min_per_class``
+    docs; ``setting`` is the config key the message names for that minimum."""
     bad = sorted({y for y in labels.values() if y not in (0, 1)})
     if bad:
         raise MiaError(f"labels must be 0 or 1, found {bad[0]!r}")
@@ -73,7 +76,7 @@ def check_classes(labels: dict[str, int], min_per_class: int) -> None:
     if min(n0, n1) < min_per_class:
         raise MiaError(
             f"too few documents: {n1} members and {n0} non-members, need at least "
-            f"{min_per_class} per class"
+            f"{min_per_class} per class ({setting})"
         )
 
 

@@ -7,6 +7,7 @@ code path (``from_pretrained``), so what the tests exercise is what a cluster ru
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from mia_ray.errors import MiaError
@@ -37,11 +38,43 @@ def pick_dtype(dtype: str, device: str):
         ) from None
 
 
+# A hub repo id: "name" or "owner/name" of letters, digits, "-", "_", "." (huggingface_hub's rule).
+_HUB_ID = re.compile(r"^(?![-.])[\w.-]{1,96}(?<![-.])(/(?![-.])[\w.-]{1,96}(?<![-.]))?$")
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _hub_offline() -> str:
+    """The variable that switches the hub off ("" when none does)."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in _TRUE:
+            return var
+    return ""
+
+
 def _describe_load_failure(name: str, exc: Exception) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if not Path(name).exists() and ("/" not in name or name.startswith((".", "/", "~"))):
+    if Path(name).expanduser().exists():
+        return f"model {name!r} does not load: {first[:300]}"
+    if not _HUB_ID.match(name):
         return f"model {name!r} does not load: no such local folder, and it is not a hub name"
+    # transformers says "couldn't connect" both when offline mode is on and when the network
+    # is down; either way the name may be right and only the hub is out of reach.
+    if "connect" in str(exc).lower() or "offline" in str(exc).lower():
+        offline = _hub_offline()
+        why = f"offline mode: {offline}={os.environ[offline]}" if offline else "no connection"
+        return (
+            f"model {name!r} is not a local folder and the Hugging Face hub cannot be reached "
+            f"({why}), nor is the model in the local cache: pass the path of a local folder "
+            "that holds it (config.json, weights, tokenizer files), e.g. one saved with "
+            f"save_pretrained or fetched with `hf download {name} --local-dir DIR` where the "
+            "hub is reachable"
+        )
     return f"model {name!r} does not load: {first[:300]}"
+
+
+# Any real vocabulary turns this into tokens; a folder without tokenizer files gives an empty
+# one (transformers 5 then builds a tokenizer that encodes every text to nothing).
+_PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 
 
 def load_tokenizer(
@@ -58,6 +91,12 @@ def load_tokenizer(
         tok = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except Exception as e:  # transformers raises OSError, ValueError, HFValidationError, ...
         raise MiaError(_describe_load_failure(name_or_path, e)) from None
+    if not tok(_PROBE_TEXT, add_special_tokens=False)["input_ids"]:
+        raise MiaError(
+            f"model {name_or_path!r} has no usable tokenizer (its vocabulary has {len(tok)} "
+            "entries and encodes text to no tokens): add the tokenizer files (tokenizer.json, "
+            "or vocab.json + merges.txt, with tokenizer_config.json) to the model folder"
+        )
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
     return tok

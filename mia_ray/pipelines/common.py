@@ -20,6 +20,10 @@ def log(msg: str) -> None:
     print(f"[mia-ray {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _note(msg: str) -> None:
+    log(f"note: {msg}")
+
+
 def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -66,6 +70,34 @@ def check_model_early(
         load_tokenizer(name, revision, trust_remote_code, gguf_file)
     except MiaError as e:
         raise MiaError(f"{what}: {e}") from None
+    folder = Path(name).expanduser()
+    for path in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
+        problem = _safetensors_problem(path)
+        if problem:
+            raise MiaError(f"{what}: weights file {path.name} of {name!r} {problem}")
+
+
+def _safetensors_problem(path: Path) -> str:
+    """Why a .safetensors file cannot load ("" if its header and size agree).
+
+    Reads the header only (8 bytes of length, then JSON): a file cut short by a copy or a
+    download fails here in a line, not in the ``__init__`` of every scoring actor.
+    """
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 + n:
+                return f"is cut short: {size} bytes, its header alone needs {8 + n}"
+            header = json.loads(f.read(n))
+        end = max(
+            (v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0
+        )
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return "is not a readable safetensors file (its header does not parse)"
+    if 8 + n + end > size:
+        return f"is cut short: {size} bytes, its tensors need {8 + n + end}"
+    return ""
 
 
 def check_target_early(model_cfg) -> None:
@@ -91,9 +123,10 @@ def labelled_documents(data_cfg):
         id_field=data_cfg.id_field,
         label_field=data_cfg.label_field,
         date_field=data_cfg.date_field,
+        note=_note,
     )
     if data_cfg.labels:
-        ds = attach_labels(ds, load_manifest(data_cfg.labels), data_cfg.unlabelled)
+        ds = attach_labels(ds, load_manifest(data_cfg.labels), data_cfg.unlabelled, note=_note)
     if "label" not in ds.columns():
         raise MiaError(
             f"no membership labels: {data_cfg.path} has no '{data_cfg.label_field}' field and "
@@ -165,6 +198,11 @@ def resumable_map(
                 rate = n_new / max(last - t0, 1e-9)
                 log(f"{what}: {len(done) + n_new}/{total} rows ({rate:.1f}/s)")
         flush()
+        # The periodic line above stops short of the end: say where the work ended.
+        took = time.time() - t0
+        log(
+            f"{what}: {len(done) + n_new}/{total} rows in {took:.0f} s ({n_new / max(took, 1e-9):.1f}/s)"
+        )
     if not load:
         return parts
     return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)

@@ -123,9 +123,20 @@ def test_jsonl_file_and_directory(ray_local, tmp_path):
     write_jsonl(tmp_path / "many" / "part-0.jsonl", [{"body": "x y"}])
     write_jsonl(tmp_path / "many" / "sub" / "part-1.jsonl", [{"body": "z"}])
     write(tmp_path / "many" / "_SUCCESS", "")
-    rows = rows_by_id(read_documents(tmp_path / "many", text_field="body"))
+    notes = []
+    rows = rows_by_id(read_documents(tmp_path / "many", text_field="body", note=notes.append))
     assert sorted(r["text"] for r in rows.values()) == ["x y", "z"]
     assert all(d.startswith("text-") and len(d) == 21 for d in rows)
+    assert notes == [
+        f"{tmp_path / 'many'}: its records have no 'id' field, so each doc_id is a hash of the "
+        "text (text-...); set data.id_field to the field that holds the ids"
+    ]
+    # An id field named on purpose that the records lack is a typo, not a cue to hash.
+    with pytest.raises(
+        MiaError,
+        match=r"^id field 'uuid' \(data.id_field\) is not in the first record of part-0.jsonl",
+    ):
+        read_documents(tmp_path / "many", text_field="body", id_field="uuid")
 
 
 @pytest.mark.ray
@@ -202,10 +213,25 @@ def test_parquet_bad_label_and_attach_labels(ray_local, tmp_path):
     ds = read_documents(path)
     labelled = attach_labels(ds, {"a": 0, "b": 1, "c": 0, "zzz": 1})
     assert {r["doc_id"]: r["label"] for r in labelled.take_all()} == {"a": 0, "b": 1, "c": 0}
-    with pytest.raises(MiaError, match=r"^labels manifest lacks 2 of 3 documents: b, c$"):
+    with pytest.raises(
+        MiaError,
+        match=r"^labels manifest lacks 2 of 3 documents: b, c \(set data.unlabelled=skip to "
+        r"leave unlabelled documents out\)$",
+    ):
         attach_labels(ds, {"a": 1})
     # A manifest that picks its documents out of a larger corpus (a demo target's sample).
     picked = attach_labels(ds, {"a": 1, "c": 0}, unlabelled="skip")
     assert {r["doc_id"]: r["label"] for r in picked.take_all()} == {"a": 1, "c": 0}
-    with pytest.raises(MiaError, match=r"^labels manifest names none of the documents$"):
+    with pytest.raises(
+        MiaError,
+        match=r"^labels manifest names none of the 3 documents \(its ids look like zzz, the "
+        r"documents' like a, b, \.\.\.\)$",
+    ):
         attach_labels(ds, {"zzz": 1}, unlabelled="skip")
+    # Manifest entries the data lacks are left out, and said so.
+    notes = []
+    attach_labels(ds, {"a": 0, "b": 1, "c": 0, "zzz": 1, "yyy": 0}, note=notes.append)
+    assert notes == [
+        "labels manifest names 2 of its 5 documents that the data does not have (yyy, zzz); "
+        "they are left out"
+    ]

@@ -46,7 +46,8 @@ def test_check_classes_messages():
         check_classes({"a": 1, "b": 1}, 1)
     with pytest.raises(
         MiaError,
-        match=r"^too few documents: 3 members and 1 non-members, need at least 2 per class$",
+        match=r"^too few documents: 3 members and 1 non-members, need at least 2 per class "
+        r"\(data.min_docs_per_class\)$",
     ):
         check_classes({"a": 1, "b": 1, "c": 1, "d": 0}, 2)
 
