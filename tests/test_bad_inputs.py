@@ -1,0 +1,270 @@
+"""Bad input, one row per case: each row runs the real CLI and checks what the user sees.
+
+A row stops with its exit code (2: bad input; 1: unexpected), one ``mia-ray: error:`` (or
+``failed:``) line that holds the row's phrase, no traceback on stderr, and, where the failure
+came through Ray, the traceback in ``<out>/error.log``. Rows that fail in config validation
+(most of them) must not even create ``--out``: nothing starts before the config is whole.
+
+To add a probe, append a ``Bad(...)`` to ``ROWS``. Placeholders in ``argv``: ``{out}`` (the
+run folder), ``{tmp}`` (the row's temp folder), ``{docs}`` / ``{labels}`` (12 labelled text
+documents and their manifest, 6 per class, built by ``_docs``; a ``setup`` may change them)
+and ``{model}`` (the test world's tiny target). Rows with ``ray=True`` share the session's
+local Ray and test world; ``setup(tmp, model)`` prepares files; ``check(out)`` asserts
+more.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mia_ray.cli import main
+
+
+@dataclass(frozen=True)
+class Bad:
+    name: str
+    argv: tuple[str, ...]
+    message: str  # a phrase of the one error line (exact text where it matters)
+    code: int = 2
+    ray: bool = False  # needs the session's Ray and the test world
+    error_log: bool = False  # <out>/error.log holds the traceback
+    setup: Callable[[Path, Path], None] | None = None  # (row's temp folder, tiny model)
+    check: Callable[[Path], None] | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _sets(*pairs: str) -> tuple[str, ...]:
+    return tuple(a for p in pairs for a in ("--set", p))
+
+
+ATTACK = ("attack", "--config", "jobs/attack_demo.yaml")
+COPYCHECK = ("copycheck", "--config", "jobs/copycheck_demo.yaml")
+LUMIA = ("lumia", "--config", "jobs/lumia_demo.yaml")
+MEMHUNTER = ("memhunter", "--config", "jobs/memhunter_demo.yaml")
+LEAKAGE = ("leakage", "--config", "jobs/leakage_demo.yaml")
+# An attack on the row's own documents with the test world's tiny model: cheap to score.
+OWN = (
+    "attack",
+    *_sets(
+        "data.path={docs}",
+        "data.labels={labels}",
+        "model.name_or_path={model}",
+        "attack.attacks=loss",
+        "data.min_docs_per_class=3",
+        "eval.bootstrap=100",
+        "data.snippet_size=32",
+        "model.max_length=64",
+        "resources.cpus_per_actor=0.5",
+    ),
+)
+
+
+# ---------------------------------------------------------------- setups and checks
+
+
+def _no_tokenizer(tmp: Path, model: Path) -> None:
+    """A model folder with config and weights but no tokenizer files."""
+    (tmp / "model").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(model / name, tmp / "model" / name)
+
+
+def _broken_weights(tmp: Path, model: Path) -> None:
+    """Config and tokenizer load; the weights file is cut short (a copy that broke off)."""
+    shutil.copytree(model, tmp / "model")
+    weights = tmp / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+
+
+def _rewrite_labels(fn: Callable[[dict], dict]) -> Callable[[Path, Path], None]:
+    def setup(tmp: Path, model: Path) -> None:
+        path = tmp / "labels.json"
+        path.write_text(json.dumps(fn(json.loads(path.read_text()))))
+
+    return setup
+
+
+def _jsonl_docs(tmp: Path, model: Path) -> None:
+    records = [{"key": f"d{i}", "text": f"text {i} " * 30, "label": i % 2} for i in range(12)]
+    (tmp / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _old_report_and_binary_doc(tmp: Path, model: Path) -> None:
+    """A finished run of another config in --out, then a rerun whose data fails to read."""
+    out = tmp / "out"
+    out.mkdir()
+    (out / "config.yaml").write_text("pipeline: attack\neval:\n  bootstrap: 1000\n")
+    (out / "report.json").write_text('{"old": true}')
+    (out / "report.html").write_text("<p>old</p>")
+    (out / "error.log").write_text("a traceback of a run before that")
+    (tmp / "docs" / "doc1.txt").write_bytes(b"\x00\x01PNG\x00" * 10)
+
+
+def _old_report_set_aside(out: Path) -> None:
+    assert (out / "config.yaml").exists()
+    assert "docs" in (out / "config.yaml").read_text()  # the new run's config
+    for name in ("report.json", "report.html", "error.log"):
+        assert not (out / name).exists(), name
+    assert json.loads((out / "previous" / "report.json").read_text()) == {"old": True}
+    assert (out / "previous" / "report.html").read_text() == "<p>old</p>"
+    assert "bootstrap: 1000" in (out / "previous" / "config.yaml").read_text()
+
+
+ROWS = [
+    # ---- config validation: fails before anything starts
+    Bad("config typo", (*ATTACK, *_sets("data.snipet_size=3")),
+        "unknown config key 'data.snipet_size'; did you mean 'snippet_size'?"),
+    Bad("missing config file", ("attack", "--config", "jobs/nope.yaml"),
+        "config file not found: jobs/nope.yaml"),
+    Bad("negative bootstrap", (*ATTACK, *_sets("eval.bootstrap=-5")),
+        "eval.bootstrap must be 0 (no intervals) or at least 100 resamples, not -5"),
+    Bad("too few bootstrap resamples", (*ATTACK, *_sets("eval.bootstrap=10")),
+        "eval.bootstrap must be 0 (no intervals) or at least 100 resamples, not 10"),
+    Bad("ci outside (0, 1)", (*ATTACK, *_sets("eval.ci=95")),
+        "eval.ci must lie in (0, 1), e.g. 0.95, not 95.0"),
+    Bad("fpr outside (0, 1)", (*ATTACK, *_sets("eval.fprs=[0.01,5]")),
+        "eval.fprs must list false-positive rates in (0, 1), e.g. [0.01, 0.05]; got 5.0"),
+    Bad("one threshold fold", (*ATTACK, *_sets("eval.threshold_folds=1")),
+        "eval.threshold_folds must be at least 2 (cross-validation), not 1"),
+    Bad("unknown attack", (*ATTACK, *_sets("attack.attacks=[loss,lossy]")),
+        "attack.attacks: unknown attack 'lossy'; did you mean 'loss'?"),
+    Bad("one document per class", (*ATTACK, *_sets("data.min_docs_per_class=1")),
+        "data.min_docs_per_class must be at least 2, not 1"),
+    Bad("batch size 0", (*ATTACK, *_sets("model.batch_size=0")),
+        "model.batch_size must be at least 1, not 0"),
+    Bad("no scorer actors", (*ATTACK, *_sets("resources.scorer_actors=0")),
+        "resources.scorer_actors must be at least 1, not 0"),
+    Bad("actors with no CPU", (*ATTACK, *_sets("resources.cpus_per_actor=0")),
+        "resources.cpus_per_actor must be more than 0, not 0.0"),
+    Bad("max_length 0", (*ATTACK, *_sets("model.max_length=0")),
+        "model.max_length must be at least 2 tokens, not 0"),
+    Bad("unknown dtype", (*ATTACK, *_sets("model.dtype=float8")),
+        "model.dtype must be one of auto, float32, bfloat16, float16, not 'float8'"),
+    Bad("unknown device", (*ATTACK, *_sets("model.device=tpu")),
+        "model.device must be one of auto, cpu, cuda, not 'tpu'"),
+    Bad("copycheck sampler batch 0", (*COPYCHECK, *_sets("uncertainty.batch_size=0")),
+        "uncertainty.batch_size must be at least 1, not 0"),
+    Bad("copycheck no sampler actors", (*COPYCHECK, *_sets("uncertainty.sampler_actors=0")),
+        "uncertainty.sampler_actors must be at least 1, not 0"),
+    Bad("copycheck unknown clustering", (*COPYCHECK, *_sets("detect.methods=[gmm,kmean]")),
+        "detect: unknown method 'kmean'; did you mean 'kmeans'?"),
+    Bad("copycheck bootstrap", (*COPYCHECK, *_sets("eval.bootstrap=-5")),
+        "eval.bootstrap must be 0 (no intervals) or at least 100 resamples, not -5"),
+    Bad("lumia max_length 1", (*LUMIA, *_sets("model.max_length=1")),
+        "model.max_length must be at least 2 tokens, not 1"),
+    Bad("lumia probe CPUs 0", (*LUMIA, *_sets("probe.cpus_per_task=0")),
+        "probe.cpus_per_task must be more than 0, not 0.0"),
+    Bad("memhunter hunter batch 0", (*MEMHUNTER, *_sets("hunter.batch_size=0")),
+        "hunter.batch_size must be at least 1, not 0"),
+    Bad("memhunter dtype", (*MEMHUNTER, *_sets("model.dtype=float8")),
+        "model.dtype must be one of auto, float32, bfloat16, float16, not 'float8'"),
+    Bad("leakage scanner CPUs 0", (*LEAKAGE, *_sets("scan.cpus_per_worker=0")),
+        "scan.cpus_per_worker must be more than 0, not 0.0"),
+    # ---- inputs checked before the model work (Ray is up)
+    Bad("missing data path", (*OWN, *_sets("data.path={tmp}/absent")),
+        "data path not found: {tmp}/absent", ray=True),
+    Bad("empty document", OWN, "document doc0.txt is empty", ray=True,
+        setup=lambda t, m: (t / "docs" / "doc0.txt").write_text("")),
+    Bad("binary document", OWN, "document doc1.txt looks binary", ray=True,
+        setup=lambda t, m: (t / "docs" / "doc1.txt").write_bytes(b"\x00\x01\x02PNG\x00" * 10)),
+    Bad("undecodable document", OWN, "document doc2.txt is not valid UTF-8", ray=True,
+        setup=lambda t, m: (t / "docs" / "doc2.txt").write_bytes(b"caf\xe9 au lait " * 5)),
+    Bad("single class", OWN, "only one class", ray=True,
+        setup=_rewrite_labels(lambda m: dict.fromkeys(m, 1))),
+    Bad("too few documents per class", (*OWN, *_sets("data.min_docs_per_class=7")),
+        "too few documents: 6 members and 6 non-members, need at least 7 per class "
+        "(data.min_docs_per_class)", ray=True),
+    Bad("no labels", (*OWN, *_sets("data.labels=")), "no membership labels", ray=True),
+    Bad("manifest lacks documents", OWN,
+        "labels manifest lacks 2 of 12 documents: doc10.txt, doc11.txt (set "
+        "data.unlabelled=skip to leave unlabelled documents out)", ray=True,
+        setup=_rewrite_labels(lambda m: {k: v for k, v in m.items() if k not in
+                                         ("doc10.txt", "doc11.txt")})),
+    Bad("id field typo", (*OWN, *_sets("data.path={tmp}/docs.jsonl", "data.id_field=uuid")),
+        "id field 'uuid' (data.id_field) is not in the first record of docs.jsonl", ray=True,
+        setup=_jsonl_docs),
+    Bad("model folder missing", (*OWN, *_sets("model.name_or_path={tmp}/no-such-model")),
+        "model '{tmp}/no-such-model' does not load: no such local folder", ray=True),
+    Bad("model folder without tokenizer", (*OWN, *_sets("model.name_or_path={tmp}/model")),
+        "model.name_or_path: model '{tmp}/model' has no usable tokenizer", ray=True,
+        setup=_no_tokenizer),
+    Bad("offline hub name", (*OWN, *_sets("model.name_or_path=gpt2")),
+        "model.name_or_path: model 'gpt2' is not a local folder and the Hugging Face hub "
+        "cannot be reached (offline mode: HF_HUB_OFFLINE=1)", ray=True,
+        env=(("HF_HUB_OFFLINE", "1"),)),
+    Bad("weights cut short", (*OWN, *_sets("model.name_or_path={tmp}/model")),
+        "model.name_or_path: weights file model.safetensors of '{tmp}/model' is cut short: "
+        "1000 bytes", ray=True, setup=_broken_weights),
+    # ---- a rerun that fails leaves no report of another config beside its config.yaml
+    Bad("failed rerun over an old report", OWN, "document doc1.txt looks binary", ray=True,
+        setup=_old_report_and_binary_doc, check=_old_report_set_aside),
+]  # fmt: skip
+
+
+def _docs(tmp: Path) -> None:
+    d = tmp / "docs"
+    d.mkdir()
+    labels = {}
+    for i in range(12):
+        (d / f"doc{i}.txt").write_text(f"document number {i} says " + "words and more words " * 20)
+        labels[f"doc{i}.txt"] = int(i < 6)
+    (tmp / "labels.json").write_text(json.dumps(labels))
+
+
+@pytest.fixture
+def model(request) -> Path | None:
+    """The test world's tiny target for Ray rows (and the session's Ray); None for the rest,
+    which must not need Ray."""
+    if not request.node.callspec.params["row"].ray:
+        return None
+    request.getfixturevalue("ray_local")
+    return Path(request.getfixturevalue("test_world")["model"])
+
+
+@pytest.mark.parametrize(
+    "row",
+    [pytest.param(r, id=r.name, marks=[pytest.mark.ray] if r.ray else []) for r in ROWS],
+)
+def test_bad_input(row: Bad, model, tmp_path, capsys, monkeypatch):
+    for key, value in row.env:
+        monkeypatch.setenv(key, value)
+    _docs(tmp_path)
+    if row.setup:
+        row.setup(tmp_path, model)
+    out = tmp_path / "out"
+    fill = {
+        "out": str(out),
+        "tmp": str(tmp_path),
+        "docs": str(tmp_path / "docs"),
+        "labels": str(tmp_path / "labels.json"),
+        "model": str(model),
+    }
+    argv = [a.format(**fill) for a in row.argv] + ["--out", str(out)]
+    existed = out.exists()
+
+    code = main(argv)
+
+    err = capsys.readouterr().err
+    assert code == row.code, err
+    head = "mia-ray: error: " if row.code == 2 else "mia-ray: failed: "
+    lines = [
+        line for line in err.splitlines() if line.startswith(("mia-ray: error", "mia-ray: failed"))
+    ]
+    assert len(lines) == 1 and lines[0].startswith(head), err
+    assert row.message.format(**fill) in lines[0], err
+    assert "Traceback" not in err, err
+    if row.error_log:
+        log = (out / "error.log").read_text()
+        assert "Traceback" in log and f"traceback in {out / 'error.log'}" in lines[0]
+    elif out.exists():
+        assert not (out / "error.log").exists()
+    if not row.ray and not existed:
+        assert not out.exists(), "a config error must stop before --out is created"
+    if row.check:
+        row.check(out)
