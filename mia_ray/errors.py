@@ -79,8 +79,9 @@ def find_mia_error(exc: BaseException) -> MiaError | None:
     for e in _chain(exc):
         cause = getattr(e, "cause", None)
         if isinstance(cause, MiaError):
-            return cause
+            e = cause
         if isinstance(e, MiaError):
+            # Ray Data appends its retry advice to the message of a map function's error.
             msg = str(e.args[0]) if e.args else str(e)
             return MiaError(_first_line(msg) or msg)
         remote = _remote_exception_line(e)
