@@ -61,13 +61,18 @@ class CompletionsServer(ThreadingHTTPServer):
 
 
 def make_server(
-    model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str = "", device: str = "auto"
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str = "",
+    device: str = "auto",
+    dtype: str = "auto",
 ) -> CompletionsServer:
     """Load ``model`` (a local folder or hub name) and bind; ``serve_forever()`` runs it.
 
     Port 0 picks a free port (read it from ``server.base_url``).
     """
-    backend = LocalHFBackend(model, device=device)
+    backend = LocalHFBackend(model, device=device, dtype=dtype)
     try:
         return CompletionsServer((host, port), backend, model, api_key)
     except OSError as e:
@@ -320,11 +325,11 @@ def _greedy(backend: LocalHFBackend, ids: list[int], max_new: int, top_n: int):
     return out, "length"
 
 
-def serve_in_thread(model: str, model_id: str = "", device: str = "auto"):
+def serve_in_thread(model: str, model_id: str = "", device: str = "auto", dtype: str = "auto"):
     """Serve ``model`` (as ``model_id``, default its path) on a free loopback port from a
     daemon thread of this process: ``(base_url, stop)``. What a job uses to reach a local
     model through real HTTP, as it would reach a remote API."""
-    server = make_server(model, port=0, device=device)
+    server = make_server(model, port=0, device=device, dtype=dtype)
     if model_id:
         server.model_id = model_id
     thread = threading.Thread(

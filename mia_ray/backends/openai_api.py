@@ -106,8 +106,11 @@ class OpenAICompletionsBackend(Backend):
     from ``backoff_s`` with jitter, or after the server's ``Retry-After``. Other 4xx answers
     stop at once. With ``cache_dir`` every answer is kept per prompt in an sqlite3 file, so a
     rerun (also from a new instance) sends only prompts it has not sent before; answers are
-    keyed by ``cache_scope`` (default: the base URL), the model and the prompt, so a server
-    that moves to another port can keep its answers under a scope of its own.
+    keyed by ``cache_scope`` (default: the base URL), the model name and the whole request
+    body (prompt, ``echo``, ``logprobs``, ``max_tokens``, ``temperature``: every option that
+    changes the answer). A scope replaces the URL only where it names the answering weights
+    better than the URL does: ``mia-ray serve`` on a loopback port that changes from run to
+    run is scoped by its model's content key (see ``pipelines/leak_eval.py``).
 
     ``bos_text`` scores an empty context: it is put before the continuation as the one context
     token (e.g. ``"<|endoftext|>"`` for GPT-2 style models, whose servers read it as that

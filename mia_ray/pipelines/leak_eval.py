@@ -6,18 +6,21 @@ few-shot pool, the next ``eval.instances`` are evaluated) → non-leaked counter
 (local transformers or an OpenAI-compatible API):
 
 - output rate: the share of leaked instances whose mean per-token log-prob after their
-  eliciting prompt beats the mean of the 8 refusals' (each refusal scored the same way);
+  eliciting prompt beats the mean of the 8 refusals' (each refusal scored the same way); the
+  words the prompt gives away (its quote of the instance's start, the person it names) are
+  context, not scored, so copying them from the prompt earns nothing;
 - detection rate: accuracy on leaked instances and their counterparts of self-detection
   (the model answers 1/0 after the few-shot examples), LOSS, zlib and Min-K% (thresholds
   chosen on the few-shot pool, never on the instances scored) and their majority vote;
 - the few-shot curve: self-detection's accuracy for each count in ``eval.few_shot_curve``.
 
-Every model's rows are written under ``<out>/eval/<model>/``; a rerun of the same model,
-instances and settings reads them back.
+Every model's rows are written under ``<out>/eval/<model>/``; a rerun of the same model
+(by content: :func:`target_key`), instances and settings reads them back.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -28,9 +31,32 @@ import pandas as pd
 from mia_ray.config import LeakageJobConfig, to_dict
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import fingerprint, log
-from mia_ray.pipelines.leakage import CATEGORIES
+from mia_ray.pipelines.leakage import CATEGORIES, wilson
 
 METHODS = ("self_detection", "loss", "zlib", "min_k", "majority_vote")
+# Bumped when a model's rows mean something else for the same inputs (2: the output rate
+# scores only what the eliciting prompt does not give away), so earlier results are redone.
+EVAL_FORMAT = 2
+
+
+def target_key(cfg: LeakageJobConfig, path: str) -> str:
+    """What a target's numbers depend on besides the instances: a model loaded here (local,
+    or served on loopback) by its weights' content, dtype and the device it runs on (``auto``
+    dtype is bfloat16 on a GPU); a remote API's model by its endpoint and name, all that can
+    be known of it."""
+    from mia_ray.models.identity import model_key
+
+    b = cfg.backend
+    if b.kind == "openai" and not b.serve:
+        return fingerprint("api", b.base_url.rstrip("/"), path)
+    device = b.device
+    if b.serve:  # the server runs in this process
+        from mia_ray.models.hf import pick_device
+
+        device = pick_device(b.device)
+    elif device == "auto":  # Ray shows an actor a GPU only when it asked for one
+        device = "cuda" if cfg.resources.gpus_per_actor > 0 else "cpu"
+    return model_key(path, dtype=b.dtype, device=device)
 
 
 def resolve_target(cfg: LeakageJobConfig, name: str) -> str:
@@ -60,8 +86,9 @@ def resolve_target(cfg: LeakageJobConfig, name: str) -> str:
 def instances(cfg: LeakageJobConfig, found: pd.DataFrame) -> pd.DataFrame:
     """Per category, the leaked instances and their counterparts: rows of ``category``,
     ``role`` (``shot`` or ``eval``), ``item`` (index within the category), ``label`` (1
-    leaked, 0 counterpart), ``text``, ``prompt`` (eliciting prompt, leaked rows)."""
-    from mia_ray.features.leaks import counterpart, eliciting_prompt
+    leaked, 0 counterpart), ``text``, ``prompt`` (eliciting prompt, leaked rows), ``given``
+    (JSON list of the [start, end) spans of ``text`` the prompt gives away)."""
+    from mia_ray.features.leaks import counterpart, eliciting_prompt, given_spans
 
     e = cfg.eval
     pool = max([e.shots, *e.few_shot_curve]) // 2
@@ -103,9 +130,11 @@ def instances(cfg: LeakageJobConfig, found: pd.DataFrame) -> pd.DataFrame:
             )  # fmt: skip
             base = {"category": c, "type": m.type, "item": i, "shard": m.shard,
                     "doc_id": m.doc_id, "role": "shot" if i < pool else "eval"}  # fmt: skip
+            v0 = int(m.start) - a if c == "pii" else None
             rows.append({**base, "label": 1, "text": text,
-                         "prompt": eliciting_prompt(text, c, m.type, name, source)})  # fmt: skip
-            rows.append({**base, "label": 0, "text": clean, "prompt": ""})
+                         "prompt": eliciting_prompt(text, c, m.type, name, source, v0),
+                         "given": json.dumps(given_spans(text, c, name, inside, v0))})  # fmt: skip
+            rows.append({**base, "label": 0, "text": clean, "prompt": "", "given": "[]"})
     return pd.DataFrame(rows)
 
 
@@ -123,6 +152,36 @@ def _score_methods(texts: list[str], logprobs: list[list[float]], ratio: float) 
     return pd.DataFrame(out)
 
 
+def output_rows(ask, leaked: pd.DataFrame) -> pd.DataFrame:
+    """Output-rate rows of the leaked instances (rows of :func:`instances`): the mean per-token
+    log-prob of what the eliciting prompt does not give away (:func:`scored_pieces`: the
+    quoted words and the named person are context, not scored) against the mean of the 8
+    refusals' mean log-probs after the same prompt. ``ask``: (context, continuation) pairs
+    -> per-token log-probs of each continuation."""
+    from mia_ray.features.leaks import REFUSALS, scored_pieces
+
+    pieces = [
+        scored_pieces(p, t, [tuple(g) for g in json.loads(given)])
+        for p, t, given in zip(leaked["prompt"], leaked["text"], leaked["given"], strict=True)
+    ]
+    pairs = [pair for own in pieces for pair in own]
+    pairs += [(p, r) for p in leaked["prompt"] for r in REFUSALS]
+    lps = ask(pairs) if pairs else []
+    n, at, leak_mean, scored = len(leaked), 0, [], []
+    for own in pieces:
+        tokens = [x for lp in lps[at : at + len(own)] for x in lp]
+        at += len(own)
+        leak_mean.append(float(np.mean(tokens)))
+        scored.append(len(tokens))
+    refusal = np.array([np.mean(lp) for lp in lps[at:]]).reshape(n, len(REFUSALS)).mean(axis=1)
+    return leaked[["category", "item", "role"]].assign(
+        leaked_logprob=leak_mean,
+        scored_tokens=scored,
+        refusal_logprob=refusal,
+        emitted=np.array(leak_mean) > refusal,
+    )
+
+
 def _model_rows(cfg: LeakageJobConfig, actor, inst: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Every number of one model: per-instance output and score rows, self-detection answers."""
     import ray
@@ -135,19 +194,10 @@ def _model_rows(cfg: LeakageJobConfig, actor, inst: pd.DataFrame) -> dict[str, p
     e = cfg.eval
     # Output rate: each evaluated leaked instance and the 8 refusals after its eliciting prompt.
     leaked = inst[(inst["label"] == 1) & (inst["role"] == "eval")]
-    pairs = [(p, t) for p, t in zip(leaked["prompt"], leaked["text"], strict=True)]
-    pairs += [(p, r) for p in leaked["prompt"] for r in REFUSALS]
-    lps = ask(pairs)
+    output = output_rows(ask, leaked)
     log(
-        f"eval: output rate: {len(leaked)} leaked instances x (1 + {len(REFUSALS)} refusals) scored"
-    )
-    n = len(leaked)
-    leak_mean = np.array([np.mean(lp) for lp in lps[:n]])
-    refusal = np.array([np.mean(lp) for lp in lps[n:]]).reshape(n, len(REFUSALS))
-    output = leaked[["category", "item", "role"]].assign(
-        leaked_logprob=leak_mean,
-        refusal_logprob=refusal.mean(axis=1),
-        emitted=leak_mean > refusal.mean(axis=1),
+        f"eval: output rate: {len(leaked)} leaked instances x (1 + {len(REFUSALS)} refusals) "
+        "scored, each without what its prompt gives away"
     )
     # LOSS, zlib, Min-K%: the instance alone, scored from the start of the text.
     lps = ask([("", t) for t in inst["text"]])
@@ -186,9 +236,7 @@ def _model_rows(cfg: LeakageJobConfig, actor, inst: pd.DataFrame) -> dict[str, p
 
 
 def _rate(k: int, n: int, ci: float) -> dict[str, Any]:
-    from mia_ray.stats.metrics import wilson_interval
-
-    return {"rate": k / n if n else None, "ci": list(wilson_interval(k, n, ci)), "n": n, "k": k}
+    return {"rate": k / n if n else None, "ci": wilson(k, n, ci), "n": n, "k": k}
 
 
 def summarize(cfg: LeakageJobConfig, rows: dict[str, pd.DataFrame]) -> dict[str, Any]:
@@ -228,11 +276,27 @@ def summarize(cfg: LeakageJobConfig, rows: dict[str, pd.DataFrame]) -> dict[str,
     return {"output_rate": output_rate, "detection_rate": detection, "few_shot_curve": curve}
 
 
+def backend_spec(cfg: LeakageJobConfig, path: str, ident: str, out: Path) -> dict[str, Any]:
+    """The BackendActor's spec for one target (``ident``: its :func:`target_key`)."""
+    b = cfg.backend
+    return {
+        **to_dict(b),
+        "model": path,
+        "torch_threads": cfg.resources.torch_threads,
+        "cache_dir": str(out / "backend-cache") if b.kind == "openai" or b.serve else "",
+        # A served model's port changes from run to run; its answers are those of its
+        # weights (by content), dtype and device, whatever URL it sat at. A remote API's
+        # answers are keyed by its URL, the model name and the request (the backend's own).
+        "cache_scope": f"mia-ray-serve:{ident}" if b.serve else "",
+    }
+
+
 def run_eval(cfg: LeakageJobConfig, found: pd.DataFrame, out: Path) -> dict[str, Any]:
     """Instances, then every target in turn; returns ``{"instances", "models": {name: ...}}``."""
     import ray
 
     from mia_ray.actors.backend import BackendActor
+    from mia_ray.features.leaks import DETECTION_HEADER, REFUSALS
     from mia_ray.reports.io import read_json, write_json, write_parquet
 
     inst = instances(cfg, found)
@@ -251,22 +315,22 @@ def run_eval(cfg: LeakageJobConfig, found: pd.DataFrame, out: Path) -> dict[str,
         path = resolve_target(cfg, name) if b.kind == "local" or b.serve else name
         safe = name.strip("@").replace(":", "-").replace("/", "_")
         d = out / "eval" / safe
+        ident = target_key(cfg, path)
         fp = fingerprint(
-            path, to_dict(cfg.eval), to_dict(b), list(inst["text"]), list(inst["prompt"])
-        )
+            EVAL_FORMAT, ident, to_dict(cfg.eval), to_dict(b), list(inst["text"]),
+            list(inst["prompt"]), list(inst["given"]), REFUSALS, DETECTION_HEADER,
+        )  # fmt: skip
         meta = d / "summary.json"
         if meta.is_file() and read_json(meta).get("fingerprint") == fp:
             log(f"eval: {name}: reusing the results of an earlier run")
             models[name] = read_json(meta)["summary"]
             continue
-        spec = {**to_dict(b), "model": path, "torch_threads": res.torch_threads,
-                "cache_dir": str(out / "backend-cache") if b.kind == "openai" or b.serve else "",
-                "cache_scope": f"mia-ray-serve:{path}" if b.serve else ""}  # fmt: skip
+        spec = backend_spec(cfg, path, ident, out)
         stop = None
         if b.serve:
             from mia_ray.serve import serve_in_thread
 
-            spec["base_url"], stop = serve_in_thread(path, device=b.device)
+            spec["base_url"], stop = serve_in_thread(path, device=b.device, dtype=b.dtype)
             spec["kind"] = "openai"
         log(f"eval: {name} ({path}) through the {spec['kind']} backend")
         actor = (

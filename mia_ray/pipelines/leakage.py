@@ -19,11 +19,15 @@ import pandas as pd
 
 from mia_ray.config import LeakageJobConfig, to_dict
 from mia_ray.errors import MiaError
+from mia_ray.models.identity import tree_sha256
 from mia_ray.pipelines.common import fingerprint, log
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
 
 CATEGORIES = ("pii", "copyright", "benchmark")
+# Bumped when a scanned shard's rows change shape or meaning (2: the ``words`` column), so a
+# rerun rescans rather than read rows of another format.
+SCAN_FORMAT = 2
 
 
 def _resolve(cfg: LeakageJobConfig) -> None:
@@ -106,7 +110,8 @@ def _stores(cfg: LeakageJobConfig, out: Path) -> dict[str, str]:
     ):
         if not sources:
             continue
-        stamp = [(str(Path(p).resolve()), _tree_stamp(Path(p))) for p in sources]
+        # By content: a reference text edited in place (same name, same size) rebuilds it.
+        stamp = [(Path(p).name, tree_sha256(p)) for p in sources]
         key = fingerprint(
             category, stamp, span, s.benchmark_fields if category == "benchmark" else []
         )
@@ -131,19 +136,13 @@ def _stores(cfg: LeakageJobConfig, out: Path) -> dict[str, str]:
     return stores
 
 
-def _tree_stamp(p: Path) -> list[tuple[str, int, int]]:
-    """Names, sizes and mtimes under ``p``: a changed source rebuilds its store or rescans."""
-    files = sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
-    return [(str(f.relative_to(p) if p.is_dir() else f.name), f.stat().st_size,
-             f.stat().st_mtime_ns) for f in files]  # fmt: skip
-
-
 # ------------------------------------------------------------------------ scanning
 
 
 class LeakScanner:
     """One scanner actor: loads the stores once, then per batch of documents returns one row
-    per document (``doc_id``, ``shard``, ``chars``, ``findings``: a JSON list)."""
+    per document (``doc_id``, ``shard``, ``chars``, ``bytes``, ``words``, ``findings``: a
+    JSON list)."""
 
     def __init__(
         self, stores: dict[str, str], pii_types: list[str], names: bool, instance_words: int = 64
@@ -158,6 +157,7 @@ class LeakScanner:
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         from mia_ray.features.leaks import instance_span
         from mia_ray.features.pii import scan_pii
+        from mia_ray.features.shingles import words_with_offsets
 
         found = []
         for text in batch["text"]:
@@ -186,6 +186,8 @@ class LeakScanner:
                 "shard": batch["shard"].to_numpy(),
                 "chars": [len(t) for t in batch["text"]],
                 "bytes": [len(t.encode()) for t in batch["text"]],
+                # Words as the stores count them: a text shorter than a span never matches.
+                "words": [len(words_with_offsets(t)[0]) for t in batch["text"]],
                 "findings": found,
             }
         )
@@ -239,12 +241,17 @@ def _scan_pass(cfg: LeakageJobConfig, stores: dict[str, str], todo, parts) -> No
 def _scan(cfg: LeakageJobConfig, stores: dict[str, str], out: Path) -> pd.DataFrame:
     """Every shard not scanned before, ``scan.shards_per_pass`` at a time through one scanner
     pool each; one parquet file per shard, so a rerun (or a resumed run) skips finished ones."""
-    s = cfg.scan
-    key = fingerprint(stores, sorted(s.pii_types), s.names, s.instance_words)
+    s, c = cfg.scan, cfg.crawl
+    # Everything a shard's rows depend on: the stores (their file names carry their own
+    # key), the scanner's settings and row format, the fields read, the shard's bytes.
+    key = fingerprint(
+        SCAN_FORMAT, stores, sorted(s.pii_types), s.names, s.instance_words,
+        c.text_field, c.id_field,
+    )  # fmt: skip
     parts, todo = {}, []
     for shard in cfg.crawl.shards:
         name = Path(shard).name
-        parts[name] = out / "scan" / f"{name}-{fingerprint(key, _tree_stamp(Path(shard)))}.parquet"
+        parts[name] = out / "scan" / f"{name}-{fingerprint(key, tree_sha256(shard))}.parquet"
         if parts[name].is_file():
             log(f"shard {name}: reusing the earlier scan")
         else:
@@ -270,19 +277,48 @@ def _findings(docs: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------------------ rates
 
 
-def _rate(k: int, n: int, ci: float) -> dict[str, Any]:
+def wilson(k: int, n: int, ci: float) -> list[float]:
+    """Wilson interval of k/n with its ends exact where the rate sits on them: at k = 0 the
+    two terms of the lower bound cancel only up to rounding (about 1e-18 above 0, above the
+    rate itself), and at k = n the upper bound falls a rounding short of 1."""
     from mia_ray.stats.metrics import wilson_interval
 
-    return {"rate": k / n if n else 0.0, "ci": list(wilson_interval(k, n, ci)), "documents": k}
+    lo, hi = wilson_interval(k, n, ci)
+    return [0.0 if k == 0 else lo, 1.0 if n and k == n else hi]
 
 
-def _rates(docs: pd.DataFrame, found: pd.DataFrame, ci: float) -> dict[str, Any]:
-    """Share of documents with at least one finding, per category, PII type and shard."""
+def _rate(k: int, n: int, ci: float) -> dict[str, Any]:
+    return {"rate": k / n if n else 0.0, "ci": wilson(k, n, ci), "documents": k}
+
+
+def _rates(
+    docs: pd.DataFrame, found: pd.DataFrame, ci: float, spans: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """Share of documents with at least one finding, per category, PII type and shard.
+
+    ``spans`` (category: words) makes a category's denominator the documents it could match
+    in: a text of fewer words than the span holds no window (the paper leaves texts under
+    300 words out). ``raw_rate`` divides by every document, as before; for PII the two agree.
+    """
+    spans = spans or {}
     n = len(docs)
     hit = {c: set(zip(*[found.loc[found["category"] == c, k] for k in ("shard", "doc_id")], strict=True)) for c in CATEGORIES}  # fmt: skip
+
+    def category_rate(c: str, d: pd.DataFrame) -> dict[str, Any]:
+        keys = set(zip(d["shard"], d["doc_id"], strict=True))
+        k = len(hit[c] & keys)
+        eligible = int((d["words"] >= spans[c]).sum()) if c in spans else len(d)
+        return {
+            **_rate(k, eligible, ci),
+            "eligible": eligible,
+            "min_words": spans.get(c, 0),
+            "raw_rate": k / len(d) if len(d) else 0.0,
+            "raw_ci": wilson(k, len(d), ci),
+        }
+
     out: dict[str, Any] = {"documents": n}
     for c in CATEGORIES:
-        out[c] = _rate(len(hit[c]), n, ci)
+        out[c] = category_rate(c, docs)
     pii = found[found["category"] == "pii"]
     out["pii_types"] = {
         t: _rate(int(g[["shard", "doc_id"]].drop_duplicates().shape[0]), n, ci)
@@ -294,11 +330,10 @@ def _rates(docs: pd.DataFrame, found: pd.DataFrame, ci: float) -> dict[str, Any]
     )
     per_shard = {}
     for shard, d in docs.groupby("shard"):
-        keys = set(zip(d["shard"], d["doc_id"], strict=True))
         per_shard[shard] = {
             "documents": len(d),
             "bytes": int(d["bytes"].sum()),
-            **{c: _rate(len(hit[c] & keys), len(d), ci) for c in CATEGORIES},
+            **{c: category_rate(c, d) for c in CATEGORIES},
         }
     out["shards"] = per_shard
     return out
@@ -413,7 +448,8 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
     docs = _scan(cfg, stores, out)
     found = _findings(docs)
     found.to_parquet(out / "matches.parquet", index=False)
-    rates = _rates(docs, found, cfg.scan.ci)
+    spans = {"copyright": cfg.scan.copyright_span, "benchmark": cfg.scan.benchmark_span}
+    rates = _rates(docs, found, cfg.scan.ci, spans)
     truth = _score(found, cfg.crawl.truth) if cfg.crawl.truth else None
     leakage_rate = {}
     for c in CATEGORIES:

@@ -23,17 +23,23 @@ from mia_ray.reports.html import (
 from mia_ray.reports.io import write_json, write_text
 
 HOW_TO_READ = (
-    "The leakage rate of a category is the share of scanned documents with at least one "
+    "The leakage rate of a category is the share of documents with at least one "
     "finding of it (Kaneko et al., §2), with a Wilson interval. Personal information: 20 "
     "regular-expression types, each with its own check (docs/pii.md), plus person names "
     "from the US Census 1990 name lists; a document counts if it holds any of them, as in "
     "the paper. Copyrighted text and benchmark data: a document counts if it contains a "
     "span of the stated number of consecutive words (after normalising case, punctuation and "
-    "line breaks) of a reference text. Where the corpus has planted records with known "
+    "line breaks) of a reference text. Their rate divides by the eligible documents, those "
+    "with at least that many words (a shorter text can never match; the paper leaves texts "
+    "under 300 words out); the raw rate beside it divides by every scanned document. Where "
+    "the corpus has planted records with known "
     "places, recall is the share of them found and precision the share of matches that are "
     "planted ones; real text also holds real personal data nobody planted, which lowers "
     "precision and is listed for checking."
 )
+
+RATE_COLUMNS = ["category", "rate", "CI", "documents", "eligible", "min. words", "raw rate",
+                "raw CI", "planted", "found", "precision", "recall"]  # fmt: skip
 
 LABELS = {"pii": "personal information", "copyright": "copyrighted text", "benchmark": "benchmark"}
 
@@ -44,8 +50,10 @@ def rates_figure(rates: Mapping[str, Mapping[str, Any]]) -> bytes:
     ax = axes[0]
     names = list(rates)
     vals = [rates[n]["rate"] for n in names]
-    lo = [rates[n]["rate"] - rates[n]["ci"][0] for n in names]
-    hi = [rates[n]["ci"][1] - rates[n]["rate"] for n in names]
+    # Clipped at 0: an interval computed elsewhere may miss the rate by a rounding error,
+    # and matplotlib refuses a negative error bar.
+    lo = [max(0.0, rates[n]["rate"] - rates[n]["ci"][0]) for n in names]
+    hi = [max(0.0, rates[n]["ci"][1] - rates[n]["rate"]) for n in names]
     ax.bar(range(len(names)), vals, yerr=[lo, hi], capsize=4, color="#4c72b0")
     ax.set_xticks(range(len(names)), [LABELS.get(n, n) for n in names])
     ax.set_ylabel("share of documents")
@@ -109,7 +117,9 @@ def _model_sections(report: Mapping[str, Any]) -> list[tuple[str, str]]:
             paragraph(
                 "The share of leaked instances whose mean per-token log-probability after "
                 "their eliciting prompt is higher than the mean of the 8 refusals' (each "
-                "scored the same way, after the same prompt)."
+                "scored the same way, after the same prompt). What the prompt gives away (its "
+                "quote of the instance's first words, the person it names) is read as "
+                "context and not scored: repeating it from the prompt is copying, not leakage."
             )
             + table_html(out_rows, ["model", "category", "output rate", "CI", "instances"]),
         ),
@@ -145,6 +155,10 @@ def render_leakage_report(report: Mapping[str, Any], out_path: Path) -> Path:
                         fmt_pct(r["rate"]),
                         fmt_pct_ci(r["ci"]),
                         r["documents"],
+                        r["eligible"],
+                        r["min_words"] or "any",
+                        fmt_pct(r["raw_rate"]),
+                        fmt_pct_ci(r["raw_ci"]),
                         r.get("planted"),
                         r.get("found"),
                         r.get("precision"),
@@ -152,7 +166,7 @@ def render_leakage_report(report: Mapping[str, Any], out_path: Path) -> Path:
                     ]
                     for c, r in lr.items()
                 ],  # fmt: skip
-                ["category", "rate", "CI", "documents", "planted", "found", "precision", "recall"],
+                RATE_COLUMNS,
             )
             + img_html(rates_figure(lr), "leakage rate per category"),
         )

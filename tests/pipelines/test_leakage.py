@@ -59,19 +59,90 @@ def test_every_planted_pii_record_is_found(run):
     assert pii["precision"] == pytest.approx(1 - len(wrong) / report["truth"]["pii"]["matches"])
 
 
-def test_rates_and_intervals_recompute_from_the_matches(run):
+def test_rates_and_intervals_recompute_from_the_matches(run, test_world):
+    from mia_ray.features.shingles import words_with_offsets
     from mia_ray.stats.metrics import wilson_interval
 
     out, report = run
     found = pd.read_parquet(out / "matches.parquet")
     n = report["crawl"]["documents"]
     assert n == 60
+    words = [len(words_with_offsets(t)[0]) for t in _pages(test_world).values()]
+    spans = {"pii": 0, "copyright": 100, "benchmark": 30}  # the test crawl's span lengths
+    assert report["config"]["scan"]["copyright_span"] == spans["copyright"]
+    assert report["config"]["scan"]["benchmark_span"] == spans["benchmark"]
     for category in ("pii", "copyright", "benchmark"):
         docs = found[found["category"] == category][["shard", "doc_id"]].drop_duplicates()
         r = report["leakage_rate"][category]
-        assert r["documents"] == len(docs) and r["rate"] == pytest.approx(len(docs) / n)
-        assert r["ci"] == pytest.approx(list(wilson_interval(len(docs), n, 0.95)))
+        # Only pages of at least a span's words can hold a copied span: they are the
+        # denominator; the raw rate beside it divides by every page.
+        eligible = sum(w >= spans[category] for w in words)
+        assert r["eligible"] == eligible and r["min_words"] == spans[category]
+        assert r["documents"] == len(docs) and r["rate"] == pytest.approx(len(docs) / eligible)
+        assert r["ci"] == pytest.approx(list(wilson_interval(len(docs), eligible, 0.95)))
+        assert r["raw_rate"] == pytest.approx(len(docs) / n)
+        assert r["raw_ci"] == pytest.approx(list(wilson_interval(len(docs), n, 0.95)))
+    # The test crawl's Wikipedia leads are short: most cannot hold a 100-word span.
+    assert report["leakage_rate"]["copyright"]["eligible"] < n
+    assert report["leakage_rate"]["pii"]["eligible"] == n
     assert sum(s["documents"] for s in report["shards"].values()) == n
+    assert sum(s["copyright"]["eligible"] for s in report["shards"].values()) == sum(
+        w >= 100 for w in words
+    )
+    html = (out / "report.html").read_text()
+    assert "raw rate" in html and "eligible" in html
+
+
+def _docs(words: list[int]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {"shard": "s", "doc_id": [f"d{i}" for i in range(len(words))], "bytes": 1, "words": words}
+    )
+
+
+def _finding(doc_id: str, category: str) -> dict:
+    return {"shard": "s", "doc_id": doc_id, "category": category, "type": category,
+            "start": 0, "end": 1, "value": "x", "ref": "r"}  # fmt: skip
+
+
+def test_a_text_shorter_than_the_span_is_not_in_the_denominator():
+    from mia_ray.pipelines.leakage import _rates
+
+    # 5 documents, 2 of them long enough for a 300-word span, one of those copies a book.
+    docs = _docs([50, 299, 300, 1000, 10])
+    found = pd.DataFrame([_finding("d3", "copyright"), _finding("d0", "pii")])
+    r = _rates(docs, found, 0.95, {"copyright": 300, "benchmark": 300})
+    assert r["copyright"]["documents"] == 1 and r["copyright"]["eligible"] == 2
+    assert r["copyright"]["rate"] == 0.5 and r["copyright"]["raw_rate"] == 0.2
+    assert r["benchmark"]["rate"] == 0.0 and r["benchmark"]["eligible"] == 2
+    assert r["pii"]["rate"] == r["pii"]["raw_rate"] == 0.2 and r["pii"]["eligible"] == 5
+    assert r["shards"]["s"]["copyright"]["rate"] == 0.5
+
+
+def test_a_category_without_a_match_in_a_large_crawl_still_gets_its_report(tmp_path):
+    from mia_ray.pipelines.leakage import _rates
+    from mia_ray.reports.leakage import write_report
+    from mia_ray.stats.metrics import wilson_interval
+
+    # 0 of 100 documents: the raw Wilson bound is a rounding error above the rate 0.
+    assert wilson_interval(0, 100)[0] > 0
+    docs = _docs([400] * 100)
+    found = pd.DataFrame([_finding(f"d{i}", "pii") for i in range(100)])
+    r = _rates(docs, found, 0.95, {"copyright": 300, "benchmark": 300})
+    assert r["copyright"]["ci"][0] == 0.0 and r["copyright"]["raw_ci"][0] == 0.0
+    assert r["pii"]["ci"][1] == 1.0 and r["pii"]["rate"] == 1.0
+    report = {
+        "crawl": {"shards": ["s"], "documents": 100, "megabytes": 0.1},
+        "leakage_rate": {c: r[c] for c in ("pii", "copyright", "benchmark")},
+        "pii_types": r["pii_types"], "pii_without_names": r["pii_without_names"],
+        "shards": r["shards"], "truth": None, "matches": [], "matches_total": 100,
+    }  # fmt: skip
+    write_report(report, tmp_path)
+    assert "data:image/png" in (tmp_path / "report.html").read_text()
+    # A figure fed an interval that misses its rate by a rounding error draws it too.
+    from mia_ray.reports.leakage import rates_figure
+
+    ci = list(wilson_interval(0, 1000))
+    assert rates_figure({"benchmark": {"rate": 0.0, "ci": ci}})[:4] == b"\x89PNG"
 
 
 def _pages(test_world):
@@ -237,3 +308,109 @@ def test_notebook_redraws_the_rates_from_the_run(run, run_notebook):
     assert "60 documents" in text
     png = out / "leakage_pii_types.png"
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 3000
+
+
+def test_a_model_that_never_saw_an_instance_gets_no_credit_from_the_quote():
+    from mia_ray.backends import LoglikRequest
+    from mia_ray.backends.local import LocalHFBackend
+    from mia_ray.demo.world import ensure_smollm2_base
+    from mia_ray.features.leaks import eliciting_prompt, given_spans
+    from mia_ray.pipelines.leak_eval import output_rows
+
+    # Word salads nobody wrote before: no model saw them. The prompt quotes their first 8
+    # words, which SmolLM2 copies readily; scored whole, two of the three beat the refusals.
+    texts = [
+        "willow amber falcon glacier quill cobalt ember dune orchid",
+        "saffron meadow lantern basalt tundra fern velvet mosaic copper thistle harbor",
+        "ember quill harbor velvet dune glacier amber orchid willow fern cobalt tundra",
+    ]
+    leaked = pd.DataFrame(
+        [{"category": "copyright", "item": i, "role": "eval", "text": t,
+          "prompt": eliciting_prompt(t, "copyright", source="the-book"),
+          "given": json.dumps(given_spans(t, "copyright"))} for i, t in enumerate(texts)]
+    )  # fmt: skip
+    backend = LocalHFBackend(str(ensure_smollm2_base()), device="cpu", batch_size=8)
+
+    def ask(pairs):
+        return [r.logprobs for r in backend.loglikelihood([LoglikRequest(*p) for p in pairs])]
+
+    try:
+        rows = output_rows(ask, leaked)
+        whole = [np.mean(lp) for lp in ask(list(zip(leaked["prompt"], texts, strict=True)))]
+    finally:
+        backend.close()
+    assert not rows["emitted"].any()
+    # What was scored is the words after the quote, and the quote was worth a lot.
+    words_after = [len(t.split()) - 8 for t in texts]
+    assert list(rows["scored_tokens"] >= words_after) == [True] * 3
+    assert (np.array(whole) > rows["leaked_logprob"].to_numpy() + 1).all()
+    assert sum(np.array(whole) > rows["refusal_logprob"].to_numpy()) == 2
+
+
+def _swap_weights(model_dir: Path, donor: Path) -> None:
+    """New weights at the same path (what retraining into the same folder does)."""
+    for f in donor.glob("*.safetensors"):
+        (model_dir / f.name).write_bytes(f.read_bytes())
+
+
+def test_new_weights_at_the_same_path_get_a_new_key_and_cache_scope(test_world, tmp_path):
+    import shutil
+
+    from mia_ray.config import LeakageJobConfig
+    from mia_ray.pipelines.leak_eval import backend_spec, target_key
+
+    model = tmp_path / "model"
+    shutil.copytree(test_world["model"], model)
+    cfg = LeakageJobConfig()
+    cfg.backend.serve, cfg.backend.device = True, "cpu"
+    before = target_key(cfg, str(model))
+    scope = backend_spec(cfg, str(model), before, tmp_path)["cache_scope"]
+    assert scope == f"mia-ray-serve:{before}" and str(model) not in scope
+    cfg.backend.dtype = "bfloat16"
+    assert target_key(cfg, str(model)) != before
+    cfg.backend.dtype = "auto"
+    _swap_weights(model, Path(test_world["root"]) / "models" / "tiny-random")
+    after = target_key(cfg, str(model))
+    assert after != before
+    assert backend_spec(cfg, str(model), after, tmp_path)["cache_scope"] != scope
+    # A remote API is known by its endpoint and the model's name there.
+    cfg.backend.serve, cfg.backend.kind, cfg.backend.base_url = False, "openai", "http://a/v1"
+    api = target_key(cfg, "m")
+    cfg.backend.base_url = "http://b/v1"
+    assert target_key(cfg, "m") != api and target_key(cfg, "m2") != target_key(cfg, "m")
+    assert backend_spec(cfg, "m", api, tmp_path)["cache_scope"] == ""
+
+
+def test_a_rerun_after_new_weights_at_the_same_path_scores_afresh(
+    ray_local, test_world, tmp_path, capfd
+):
+    import shutil
+
+    from mia_ray.pipelines.leak_eval import summarize
+
+    model = tmp_path / "model"
+    shutil.copytree(test_world["model"], model)
+    out = tmp_path / "run"
+    # The tiny model's 128 positions: 20-word instances, two examples.
+    extra = ["--set", f"eval.targets=[{model}]", "--set", "scan.instance_words=20",
+             "--set", "eval.instances=3", "--set", "backend.device=cpu"]  # fmt: skip
+    assert main(_args(test_world, out, *extra)) == 0
+    first = json.loads((out / "report.json").read_text())["eval"]["models"][str(model)]
+    _swap_weights(model, Path(test_world["root"]) / "models" / "tiny-random")
+    capfd.readouterr()
+    assert main(_args(test_world, out, *extra)) == 0
+    err = capfd.readouterr().err
+    assert "reusing the earlier scan" in err and "reusing the results" not in err
+    second = json.loads((out / "report.json").read_text())["eval"]["models"][str(model)]
+    assert second["output_rate"] != first["output_rate"]
+    # The numbers are the rows' written now, i.e. those of the new weights.
+    d = out / "eval" / str(model).strip("@").replace(":", "-").replace("/", "_")
+    rows = {k: pd.read_parquet(d / f"{k}.parquet") for k in ("output", "scores", "self_detection")}
+    from mia_ray.config import LeakageJobConfig
+
+    cfg = LeakageJobConfig()
+    cfg.eval.shots, cfg.eval.few_shot_curve, cfg.eval.instances = 2, [0, 2], 3
+    assert json.dumps(summarize(cfg, rows), sort_keys=True) == json.dumps(
+        {k: second[k] for k in ("output_rate", "detection_rate", "few_shot_curve")},
+        sort_keys=True,
+    )
