@@ -35,6 +35,9 @@ where ``pi = 1 / len(train_loader)`` (one over the number of batches per epoch) 
 ``--bayes-klreweighting`` as in the published scripts, a cyclic ``2**i / (2**(M+1) - 1)``
 schedule with ``M`` derived from ``--bayes-gamma 8``. (With a mean NLL, ``1 / n_batches`` is
 ``batch_size`` times the ELBO's ``1 / N``; the separate learning rate is what keeps it mild.)
+CopyCheck's trainer (:func:`mia_ray.train.copycheck.blob_kl_pi`) takes ``pi = 1 / optimizer
+steps per epoch``: the reference's value with one worker and no gradient accumulation, and
+the same KL pressure per epoch with them (the KL step runs once per optimizer step).
 
 Noise. In "train" mode one E is drawn per forward pass and shared by every example and token of
 the batch (the simple, flipout-free estimator). The reference code uses Flipout: random sign

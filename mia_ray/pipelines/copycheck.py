@@ -141,12 +141,19 @@ def _members(cfg: CopyCheckJobConfig) -> list[str]:
 
 
 def finetune_jobs(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFrame, out: Path):
-    """Write each experiment's training snippets; return one job per (experiment, member)."""
+    """Write each experiment's training snippets; return one job per (experiment, member).
+
+    A job's fingerprint (its done.json's key) covers what decides the adapter: the training
+    snippets and pseudo-labels, the member and its seed, the recipe, the base model by
+    content with its dtype and device, and the data-parallel worker count (steps, BLoB's pi)."""
     from dataclasses import asdict
 
+    from mia_ray.models.identity import model_cfg_key
     from mia_ray.reports.io import write_parquet
     from mia_ray.train.copycheck import member_seed
 
+    uc = cfg.uncertainty
+    base_key = model_cfg_key(cfg.model, accelerator=uc.train_gpus > 0)
     jobs = []
     for e in exps:
         part = snippets[snippets["doc_id"].isin(e["pseudo_label"].keys())].copy()
@@ -175,7 +182,8 @@ def finetune_jobs(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFr
                         member,
                         member_seed(member, cfg.finetune.seed),
                         spec,
-                        cfg.model.name_or_path,
+                        base_key,
+                        max(1, uc.train_workers),
                     ),
                 }
             )
@@ -234,8 +242,15 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
             [m for m in ex_jobs if m.startswith("ens-")] if sampler == "ensemble" else [sampler]
         )
         col = f"p_{sampler}"
+        # The members' fingerprints carry the base model's content key and the recipe.
+        own = {"mc_dropout": uc.mc_dropout} if sampler == "mcd" else {}
         fp = fingerprint(
-            _text_fp(sus), [ex_jobs[m]["fingerprint"] for m in members], common, uc.placement
+            _text_fp(sus),
+            [ex_jobs[m]["fingerprint"] for m in members],
+            common,
+            uc.placement,
+            own,
+            uc.gpus_per_actor > 0,
         )
 
         pg = None
@@ -243,11 +258,12 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
             mapper, pg = _members_mapper(cfg, members, adapter, common, col)
         else:
 
-            def mapper(todo, sampler=sampler, members=members, col=col):
+            def mapper(todo, sampler=sampler, members=members, col=col, own=own):
                 return todo.map_batches(
                     Sampler,
                     fn_constructor_kwargs={
                         **common,
+                        **own,
                         "kind": sampler,
                         "adapters": [adapter(m) for m in members],
                         "column": col,
@@ -274,14 +290,26 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
 
 
 def _blackbox_spec(cfg: CopyCheckJobConfig, out: Path) -> dict[str, Any]:
+    from mia_ray.models.identity import model_cfg_key
+
     b = cfg.backend
+    # A local or served model is ours to identify by content; a remote API's is not. `serve`
+    # serves model.name_or_path under the API name backend.model; `local` loads backend.model.
+    accel = cfg.uncertainty.gpus_per_actor > 0
+    key = ""
+    if b.serve:
+        key = model_cfg_key(cfg.model, accelerator=accel)
+    elif b.kind == "local":
+        key = model_cfg_key(cfg.model, b.model or None, accelerator=accel)
     return {
         **to_dict(b),
         "model": b.model or cfg.model.name_or_path,
+        "model_key": key,
         "torch_threads": max(1, int(np.ceil(cfg.uncertainty.cpus_per_actor))),
         "cache_dir": str(out / "backend-cache") if b.kind == "openai" else "",
-        # A served model's port changes from run to run; its answers stay the model's.
-        "cache_scope": f"mia-ray-serve:{cfg.model.name_or_path}" if b.serve else "",
+        # A served model's port changes from run to run; its answers stay the model's, keyed
+        # by its weights' content (new weights at the same path are asked afresh).
+        "cache_scope": f"mia-ray-serve:{key}" if b.serve else "",
     }
 
 
@@ -469,10 +497,13 @@ def _score_target(cfg, rows: pd.DataFrame, out_dir: Path, token_stats: bool) -> 
     """Scorer pass (target model) over rows (snippet_id, text): loss, token log-probs."""
     import ray
 
+    from mia_ray.models.identity import model_cfg_key
     from mia_ray.pipelines.attack import _score_pool
 
     ds = ray.data.from_pandas(rows[["snippet_id", "text"]].reset_index(drop=True))
-    fp = fingerprint(_text_fp(rows), cfg.model.name_or_path, cfg.model.max_length, token_stats)
+    # Keyed on the target by content (weights, tokenizer), dtype, device and the options.
+    key = model_cfg_key(cfg.model, accelerator=cfg.resources.gpus_per_actor > 0)
+    fp = fingerprint(_text_fp(rows), key, cfg.model.max_length, token_stats)
     return _score_pool(
         ds, cfg.model, cfg.resources, cfg.model.name_or_path, "", False, token_stats, out_dir, fp
     )
@@ -764,6 +795,8 @@ def run(cfg: CopyCheckJobConfig, out: Path) -> dict:
                 for j, r in zip(jobs, records, strict=True)
             ],
             "spec": records[0]["spec"] if records else None,
+            "mc_dropout": cfg.uncertainty.mc_dropout,
+            "blob_kl_pi": sorted({r["kl_pi"] for r in records if r.get("kl_pi") is not None}),
         },
         "baselines": {
             "neighbours": base.get("_neighbours"),
@@ -845,7 +878,31 @@ def _notes(cfg, report: dict) -> list[str]:
             f"Each experiment fine-tunes {len(_members(cfg))} models (LoRA r {ft.lora_r}, alpha "
             f"{ft.lora_alpha}, lr {ft.lr:g}, {ft.epochs:g} epoch(s), batch {ft.batch_size}); MC dropout "
             f"and BLoB give {cfg.uncertainty.n_samples} predictions per snippet, the ensemble one per "
-            "member. Each prediction is the softmax over the logits of the answer tokens 0 and 1 only."
+            "member. Each prediction is the softmax over the logits of the answer tokens 0 and 1 only. "
+            f"The learning rate warms up linearly over the first {ft.warmup_ratio:.0%} of the steps "
+            "(finetune.warmup_ratio; 6% in the authors' scripts), then decays linearly."
+        )
+    if "mcd" in cfg.uncertainty.samplers:
+        notes.append(
+            "MC dropout samples with every dropout of the model switched on (model.train(), as "
+            "the CopyCheck and BLoB reference code do; uncertainty.mc_dropout=all)"
+            if cfg.uncertainty.mc_dropout == "all"
+            else "MC dropout samples with only the LoRA layers' dropout switched on, the rest of "
+            "the model in eval mode (uncertainty.mc_dropout=lora; the reference code switches "
+            "on every dropout)"
+        )
+        notes[-1] += (
+            f"; each of a snippet's {cfg.uncertainty.n_samples} passes draws its own masks."
+        )
+    pis = report["finetune"].get("blob_kl_pi") or []
+    if "blob" in cfg.uncertainty.samplers and pis:
+        notes.append(
+            "BLoB steps pi x KL with its own SGD (lr "
+            f"{ft.blob_kl_lr:g}) after each optimizer step, pi = finetune.blob_kl_weight / "
+            "optimizer steps per epoch (batch x grad_accum x Ray Train workers snippets a step), "
+            f"so the KL adds up to the same pressure per epoch however batches are split: pi = "
+            + ", ".join(f"{p:.4g}" for p in pis)
+            + "."
         )
     notes += [
         "Features: the 13 uncertainty metrics of §IV-B per sampler, standardized, PCA to "

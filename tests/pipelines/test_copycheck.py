@@ -72,6 +72,18 @@ def test_every_suspected_file_gets_a_verdict_and_confidence(run):
     assert len(report["finetune"]["records"]) == len(N_UNSEEN) * (2 + 3)
 
 
+def test_report_says_the_mc_dropout_mode_the_kl_weight_and_the_warmup(run):
+    _, report = run
+    notes, ft = " ".join(report["notes"]), report["finetune"]
+    assert ft["mc_dropout"] == "all" and "uncertainty.mc_dropout=all" in notes
+    assert "every dropout of the model switched on (model.train()" in notes
+    # One epoch, batch 4, one worker, no accumulation: pi = 1 / BLoB's optimizer steps.
+    steps = {r["steps"] for r in ft["records"] if r["member"] == "blob"}
+    assert ft["blob_kl_pi"] == sorted(1 / s for s in steps)
+    assert "optimizer steps per epoch" in notes and ft["spec"]["warmup_ratio"] == 0.06
+    assert "warms up linearly over the first 6% of the steps" in notes
+
+
 def test_rerun_retrains_nothing_and_gives_identical_numbers(run, test_world, capfd):
     out, report = run
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("train/*/*/done.json")}
@@ -220,3 +232,113 @@ def test_members_placement_that_would_starve_ray_data_fails_clearly(ray_local):
     members = [f"ens-{i}" for i in range(4)]
     with pytest.raises(MiaError, match=r"would reserve 4 x 0.5 of the cluster's 2 CPUs"):
         cc._members_mapper(cfg, members, lambda m: m, {}, "p_ensemble")
+
+
+def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
+    run, test_world, tmp_path, capfd
+):
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from mia_ray.config import CopyCheckJobConfig, load_config
+    from mia_ray.pipelines import copycheck as cc
+    from mia_ray.pipelines.common import resolve_world
+    from mia_ray.train.launch import finished
+
+    out, _ = run
+    sets = [a for a in _args(test_world, out)[3:-2] if a != "--set"]
+
+    def config(*extra, model=None):
+        cfg = load_config(CopyCheckJobConfig, "jobs/copycheck_demo.yaml", [*sets, *extra])
+        resolve_world(cfg)
+        if model is not None:
+            cfg.model.name_or_path = str(model)
+        return cfg
+
+    _, exps = cc._experiments(config())
+    snippets = pd.read_parquet(out / "snippets.parquet")
+
+    def jobs(cfg):  # the run's members, as the fine-tuning stage sees them under cfg
+        js = cc.finetune_jobs(cfg, exps, snippets, tmp_path / "jobs")
+        for j in js:
+            j["out_dir"] = str(out / "train" / j["experiment"] / j["member"])
+        return js
+
+    assert all(finished(j) for j in jobs(config()))
+    moved = tmp_path / "tiny"
+    shutil.copytree(config().model.name_or_path, moved)
+    # The same weights at another path are the same model: nothing to retrain ...
+    assert all(finished(j) for j in jobs(config(model=moved)))
+    # ... while a dtype or a training option that changes the numbers retrains every member.
+    for change in ("model.dtype=bfloat16", "finetune.warmup_ratio=0.1", "uncertainty.train_workers=2"):  # fmt: skip
+        assert not any(finished(j) for j in jobs(config(change)))
+
+    rows = snippets.head(6)
+    before = cc._score_target(config(model=moved), rows, tmp_path / "rows", False)
+    # New weights at the same path: the members retrain and the baseline rows are rescored.
+    other = Path(test_world["targets"]["tiny-random"]["model"]) / "model.safetensors"
+    shutil.copy(other, moved / "model.safetensors")
+    assert not any(finished(j) for j in jobs(config(model=moved)))
+    capfd.readouterr()
+    after = cc._score_target(config(model=moved), rows, tmp_path / "rows", False)
+    assert "inputs changed since the last run; computing afresh" in capfd.readouterr().err
+    fresh = cc._score_target(config(model=moved), rows, tmp_path / "fresh", False)
+    loss = lambda df: df.set_index("snippet_id")["loss"].sort_index()  # noqa: E731
+    pd.testing.assert_series_equal(loss(after), loss(fresh))
+    assert (loss(after) - loss(before)).abs().min() > 1e-3
+
+    # The sampled rows follow the MC dropout mode: the run's rows are reused under its own
+    # mode and sampled afresh under the other.
+    e = exps[0]
+    shutil.copytree(
+        out / "samples" / e["name"] / "mcd", tmp_path / "s" / "samples" / e["name"] / "mcd"
+    )
+    for mode, said in (("all", "reusing"), ("lora", "computing afresh")):
+        cfg = config("uncertainty.samplers=[mcd]", f"uncertainty.mc_dropout={mode}")
+        capfd.readouterr()
+        cc._sample(cfg, e, snippets, jobs(cfg), tmp_path / "s")
+        assert said in capfd.readouterr().err, mode
+
+
+def test_ctrl_c_during_fine_tuning_exits_130_saying_rerun_to_resume(tmp_path, test_world):
+    """A real Ctrl-C (SIGINT to the driver) while Ray Tune trains the members."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "run"
+    args = _args(test_world, out) + [
+        "--set", "experiment.n_unseen_in_suspected=[2]", "--set", "uncertainty.samplers=[mcd,ensemble]",
+    ]  # fmt: skip
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mia_ray", *args],
+        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines, training = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "as Ray Tune trials" in line:
+                training.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert training.wait(240), "".join(lines)
+        time.sleep(3)  # the trials are under way
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(10)
+    log = "".join(lines)
+    assert rc == 130, log
+    assert "interrupted; finished parts are kept, rerun the same command to resume" in log
+    assert "fine-tuning interrupted:" in log
+    assert "did not finish" not in log and "sampling" not in log
+    assert not (out / "report.json").exists()

@@ -116,3 +116,33 @@ def test_the_local_backend_gives_what_the_http_path_gave(run, test_world, tmp_pa
     again = json.loads((local / "report.json").read_text())
     assert not (local / "backend-cache").exists()  # nothing went over HTTP
     assert [r["method"] for r in again["results"]] == [r["method"] for r in report["results"]]
+
+
+def test_a_served_or_local_target_is_keyed_by_its_weights_not_its_path(test_world, tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from mia_ray.config import CopyCheckJobConfig
+    from mia_ray.pipelines.copycheck import _blackbox_spec
+
+    def spec(model, **backend):
+        cfg = CopyCheckJobConfig()
+        cfg.model.name_or_path = str(model)
+        for k, v in backend.items():
+            setattr(cfg.backend, k, v)
+        return _blackbox_spec(cfg, tmp_path)
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        shutil.copytree(test_world["model"], d)
+    served, local = spec(a, kind="openai", serve=True), spec(a, kind="local")
+    # The same weights elsewhere are the same model: the answers cached for one serve both.
+    assert served["cache_scope"] == spec(b, kind="openai", serve=True)["cache_scope"]
+    assert str(a) not in served["cache_scope"] and local["model_key"] == spec(b)["model_key"]
+    # New weights at the same path are another model: asked afresh.
+    donor = Path(test_world["targets"]["tiny-random"]["model"]) / "model.safetensors"
+    shutil.copy(donor, a / "model.safetensors")
+    assert spec(a, kind="openai", serve=True)["cache_scope"] != served["cache_scope"]
+    assert spec(a, kind="local")["model_key"] != local["model_key"]
+    # A remote API's weights are not ours to hash: its endpoint and model name key it.
+    assert spec(a, kind="openai", base_url="http://x/v1")["model_key"] == ""
