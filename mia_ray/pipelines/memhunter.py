@@ -8,8 +8,16 @@ per pair, timed → Manual and MiniPrompt (GCG) at the same wall-clock budget, G
 plug-in → the dataset-level tests → report.
 
 Sound where the paper is not (../shared/methods/README.md): the paper's t-test and its rule
-"reject H0 if p > alpha" are reported as the paper's; the verdict is a one-sided Welch test
-against a model that surely never saw the data, with an equivalence test against the proxy.
+"reject H0 if p > alpha" are reported as the paper's. Every model reads the same hunter
+prompts on the same pairs, so the tests we stand behind are paired: a one-sided paired t-test
+against a model that surely never saw the data, a paired equivalence test (TOST) against the
+proxy, and the verdict: the suspect's gain over the reference on the dataset's pairs against
+the same gain on pairs of text outside it (the ``nonmember`` split), so that a model that only
+follows the hunter's prompts better than the reference is not flagged.
+
+Every cached stage (hunter iterations, extraction, Manual / MiniPrompt / plug-in, the dataset
+test's fine-tunes and LCSS values, sweep cells) is keyed on what decides its numbers: the
+models by content (``models.identity``), the pairs' tokens, the options, the adapter's bytes.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import pandas as pd
 
 from mia_ray.config import MemHunterJobConfig, to_dict
 from mia_ray.errors import MiaError
+from mia_ray.models.identity import model_cfg_key, model_key, tree_sha256
 from mia_ray.pipelines.common import (
     check_model_early,
     check_target_early,
@@ -34,6 +43,34 @@ from mia_ray.pipelines.common import (
 )
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
+
+# How a context is built and scored; part of every cache key, so that rows cached by code
+# that built contexts otherwise (before the BOS went in front of p + x) are never reused.
+_SCORING = "context=bos+prompt+x; mu=LCSS/|y| on tokens; loss=mean NLL of y; v2"
+
+
+def _target_key(cfg: MemHunterJobConfig, path: str | None = None) -> str:
+    """A model the target pool loads (the target, or ``path``), by content, with the job's
+    dtype and device."""
+    return model_cfg_key(cfg.model, path)
+
+
+def _hunter_key(cfg: MemHunterJobConfig) -> str:
+    return model_key(cfg.hunter.model, device=cfg.model.device)
+
+
+def _adapter_key(adapter: str) -> str:
+    return tree_sha256(adapter) if adapter else ""
+
+
+def _pairs_key(part: pd.DataFrame) -> str:
+    """The pairs by content: ids, x's text (the hunter reads it) and the token ids."""
+    return fingerprint(
+        [str(p) for p in part["pair_id"]],
+        [str(x) for x in part["x"]],
+        [[int(t) for t in v] for v in part["x_ids"]],
+        [[int(t) for t in v] for v in part["y_ids"]],
+    )
 
 
 def _resolve(cfg: MemHunterJobConfig) -> None:
@@ -96,8 +133,11 @@ class TargetPool:
         remote = ray.remote(TargetLM).options(
             num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor
         )
+        # The target's revision is the target's: other models (reference, proxy) load their
+        # default one, as their cache keys (models.identity.model_cfg_key) say.
+        rev = m.revision if path == m.name_or_path else ""
         self.actors = [
-            remote.remote(path, m.device, m.dtype, m.revision, m.trust_remote_code, threads)
+            remote.remote(path, m.device, m.dtype, rev, m.trust_remote_code, threads)
             for _ in range(max(1, res.scorer_actors))
         ]
         self.pool = ActorPool(self.actors)
@@ -143,6 +183,15 @@ def _finetune_task(model, adapter_in, rows, out_dir, spec, seed, xs, separator, 
     )
 
 
+def _hunter_dir(cfg, out: Path, train: pd.DataFrame) -> tuple[Path, dict]:
+    """Where the hunter's iterations are checkpointed, and what that folder is keyed on. The
+    hunter learns from the target's scores: other weights at the same paths (target or
+    hunter), or other training pairs, train a new hunter beside the old one."""
+    identity = {"target": _target_key(cfg), "hunter": _hunter_key(cfg), "scoring": _SCORING,
+                "pairs": _pairs_key(train)}  # fmt: skip
+    return out / "hunter" / fingerprint(identity), identity
+
+
 def _train(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path) -> dict:
     import ray
 
@@ -163,8 +212,19 @@ def _train(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path) -> d
             )
         )  # fmt: skip
 
-    log(f"hunter: training on {len(train)} pairs, {h.iterations} iterations")
-    return train_hunter(hunter, target.score, finetune, train, out / "hunter", spec)
+    d, identity = _hunter_dir(cfg, out, train)
+    log(f"hunter: training on {len(train)} pairs, {h.iterations} iterations ({d})")
+    return train_hunter(hunter, target.score, finetune, train, d, spec, identity=identity)
+
+
+def _extraction_key(cfg, adapter: str) -> str:
+    """What decides extraction's prompts and scores, but the pairs: the hunter (base weights
+    and adapter by content, its sampling options), the target by content, the seed, the k."""
+    h = cfg.hunter
+    return fingerprint(sorted(set(cfg.extraction.trials)), cfg.extraction.seed, h.prompt_tokens,
+                       h.sample_top_k, h.sample_temperature, h.separator, h.max_x_tokens,
+                       _adapter_key(adapter), _hunter_key(cfg), _target_key(cfg),
+                       _SCORING)  # fmt: skip
 
 
 def _extract(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path, adapter: str):
@@ -177,14 +237,13 @@ def _extract(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path, ad
     from mia_ray.train.hunter import pair_seed
 
     h, ks = cfg.hunter, sorted(set(cfg.extraction.trials))
-    fp = fingerprint(ks, cfg.extraction.seed, h.prompt_tokens, h.sample_top_k,
-                     h.sample_temperature, adapter, cfg.model.name_or_path)  # fmt: skip
+    fp = _extraction_key(cfg, adapter)
     frames = []
     for split in cfg.extraction.splits:
         part = pairs[pairs["split"] == split]
         if part.empty:
             continue
-        f = out / "extraction" / f"{split}-{fingerprint(fp, list(part['pair_id']))}.parquet"
+        f = out / "extraction" / f"{split}-{fingerprint(fp, _pairs_key(part))}.parquet"
         if f.exists():
             frames.append(pd.read_parquet(f))
             continue
@@ -408,23 +467,63 @@ def _plugin(cfg, target: TargetPool, pairs, trials) -> tuple[list[dict], pd.Data
     return rows, pd.DataFrame(per_pair)
 
 
-def _finetune_model_task(texts, base, out_dir, epochs, lr, seed, threads):
-    from mia_ray.train.lm import FinetuneSpec, finetune_causal_lm
+def _finetune_spec(epochs: float, lr: float):
+    from mia_ray.train.lm import FinetuneSpec
 
     # Empty target_modules: LoRA on every linear layer, whatever the architecture.
-    spec = FinetuneSpec(epochs=epochs, lr=lr, target_modules=())
+    return FinetuneSpec(epochs=epochs, lr=lr, target_modules=())
+
+
+def _finetune_model_task(texts, base, out_dir, epochs, lr, seed, threads):
+    from mia_ray.train.lm import finetune_causal_lm
+
+    spec = _finetune_spec(epochs, lr)
     return finetune_causal_lm(texts, base, out_dir, spec, seed=seed, threads=threads)
+
+
+def _named_model(cfg, name: str) -> str | None:
+    """The path (or hub name) a dataset-test model name stands for; None for ``@finetune:``
+    models, which this run trains."""
+    from mia_ray.demo.world import model_dir
+
+    alias = {"@target": cfg.model.name_or_path, "@reference": cfg.model.reference}
+    if name in alias:
+        if not alias[name]:
+            raise MiaError(f"dataset_test names {name} but it is not set (model section)")
+        return alias[name]
+    if name.startswith("@finetune:"):
+        if name.split(":", 1)[1] not in ("members", "nonmembers"):
+            raise MiaError(f"dataset_test: {name}: use @finetune:members or @finetune:nonmembers")
+        return None
+    if name.startswith("@world:"):
+        return str(model_dir(cfg.world.resolved_root(), name[7:]))
+    if name.startswith("@"):
+        raise MiaError(
+            f"dataset_test: unknown model {name!r} (use a path, a hub name, @target, "
+            "@reference, @world:<model>, @finetune:members or @finetune:nonmembers)"
+        )
+    return name
+
+
+def _finetune_key(cfg, which: str, texts: list[str]) -> str:
+    """A dataset-test fine-tune by what decides its weights: the base model's content, the
+    recipe, the seed and the documents."""
+    from dataclasses import asdict
+
+    d = cfg.dataset_test
+    base = _named_model(cfg, d.base)
+    if base is None:
+        raise MiaError(f"dataset_test.base cannot be {d.base}: fine-tune an existing model")
+    return fingerprint(which, model_key(base), asdict(_finetune_spec(d.finetune_epochs,
+                       d.finetune_lr)), d.finetune_seed, texts)  # fmt: skip
 
 
 def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[str, str]:
     """Every model the dataset test names -> a path; ``@finetune:...`` models are trained
-    here once (a Ray task each) and reused from ``out/models`` on a rerun."""
+    here once (a Ray task each) and reused from ``out/models`` while their key holds."""
     import ray
 
-    from mia_ray.demo.world import model_dir
-
     d = cfg.dataset_test
-    alias = {"@target": cfg.model.name_or_path, "@reference": cfg.model.reference}
     names = [*d.suspects, d.reference, d.proxy]
     paths: dict[str, str] = {}
     # The target actors are gone by now: a fine-tune may take what they and the hunter held.
@@ -433,71 +532,47 @@ def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[st
     threads = max(1, int(cpus))
     task = ray.remote(_finetune_model_task).options(num_cpus=cpus, num_gpus=cfg.hunter.train_gpus)
     for name in dict.fromkeys(names):
-        if name in alias:
-            if not alias[name]:
-                raise MiaError(f"dataset_test names {name} but it is not set (model section)")
-            paths[name] = alias[name]
-        elif name.startswith("@finetune:"):
-            which = name.split(":", 1)[1]
-            if which not in ("members", "nonmembers"):
-                raise MiaError(
-                    f"dataset_test: {name}: use @finetune:members or @finetune:nonmembers"
-                )
-            base = alias.get(d.base, d.base)
-            texts = docs_by_label[1 if which == "members" else 0]
-            key = fingerprint(base, d.finetune_epochs, d.finetune_lr, d.finetune_seed, texts)
-            dest = out / "models" / f"finetune-{which}-{key}"
-            if not (dest / "training.json").is_file():
-                log(f"dataset test: fine-tuning {base} on {len(texts)} {which} documents")
-                tmp = dest.with_name(dest.name + ".tmp")
-                ray.get(
-                    task.remote(
-                        texts,
-                        base,
-                        str(tmp),
-                        d.finetune_epochs,
-                        d.finetune_lr,
-                        d.finetune_seed,
-                        threads,
-                    )
-                )
-                tmp.replace(dest)
-            paths[name] = str(dest)
-        elif name.startswith("@world:"):
-            path = model_dir(cfg.world.resolved_root(), name[7:])
-            if not (path / "config.json").is_file():
+        path = _named_model(cfg, name)
+        if path is not None:
+            if name.startswith("@world:") and not (Path(path) / "config.json").is_file():
                 raise MiaError(f"dataset_test: {name}: the demo world has no model {path}")
-            paths[name] = str(path)
-        elif name.startswith("@"):
-            raise MiaError(
-                f"dataset_test: unknown model {name!r} (use a path, a hub name, @target, "
-                "@reference, @world:<model>, @finetune:members or @finetune:nonmembers)"
-            )
-        else:
-            check_model_early(name, "dataset_test model")
-            paths[name] = name
+            if not name.startswith("@"):
+                check_model_early(name, "dataset_test model")
+            paths[name] = path
+            continue
+        which = name.split(":", 1)[1]
+        base = _named_model(cfg, d.base)
+        texts = docs_by_label[1 if which == "members" else 0]
+        dest = out / "models" / f"finetune-{which}-{_finetune_key(cfg, which, texts)}"
+        if not (dest / "training.json").is_file():
+            log(f"dataset test: fine-tuning {base} on {len(texts)} {which} documents")
+            tmp = dest.with_name(dest.name + ".tmp")
+            ray.get(
+                task.remote(
+                    texts, base, str(tmp), d.finetune_epochs, d.finetune_lr, d.finetune_seed,
+                    threads,
+                )
+            )  # fmt: skip
+            tmp.replace(dest)
+        paths[name] = str(dest)
     return paths
 
 
-def _dataset_test(cfg, hunter, pairs: pd.DataFrame, trials: pd.DataFrame, docs_by_label, out: Path):
-    """Each model's LCSS on the test pairs (best of ``trials`` hunter prompts, the same prompts
-    for every model), then per suspect: the paper's t-test vs the proxy (reported as the
-    paper's), the one-sided Welch test vs the reference, and the TOST against the proxy."""
-    from mia_ray.stats.hypothesis import paper_ttest, tost, welch_greater
+def _probes(cfg, hunter, pairs: pd.DataFrame, trials: pd.DataFrame, split: str) -> pd.DataFrame:
+    """The dataset test's hunter prompts on one split: ``dataset_test.trials`` per pair, with
+    the seeds extraction used, so extraction's own rows (and the target's mu on them) serve
+    when it ran that split with enough trials."""
     from mia_ray.train.hunter import pair_seed
 
     d = cfg.dataset_test
-    part = pairs[pairs["split"] == d.split]
-    if len(part) < 2:
-        raise MiaError(f"dataset_test: the {d.split} split has {len(part)} pairs; need at least 2")
-    paths = _model_paths(cfg, docs_by_label, out)
-    # Extraction sampled these very prompts (same seeds) and scored them on the target:
-    # reuse both rather than sample and score them again.
-    done = trials[(trials["split"] == d.split) & (trials["trial"] < d.trials)]
-    if done["trial"].nunique() == d.trials:
+    part = pairs[pairs["split"] == split]
+    cols = ["pair_id", "trial", "prompt", "x_ids", "y_ids"]
+    done = trials[(trials["split"] == split) & (trials["trial"] < d.trials)]
+    if done["trial"].nunique() == d.trials and set(done["pair_id"]) == set(part["pair_id"]):
         probes = done[["pair_id", "trial", "prompt", "mu"]].merge(
             part[["pair_id", "x_ids", "y_ids"]], on="pair_id"
         )
+        cols.append("mu")
     else:
         rows = []
         for j in range(d.trials):
@@ -508,59 +583,115 @@ def _dataset_test(cfg, hunter, pairs: pd.DataFrame, trials: pd.DataFrame, docs_b
             )  # fmt: skip
             rows.append(part.assign(prompt=[hunter.decode(p) for p in prompts], trial=j))
         probes = pd.concat(rows, ignore_index=True)
-    probes = probes.sort_values(["pair_id", "trial"]).reset_index(drop=True)
+    probes = probes[cols].assign(split=split)
+    return probes.sort_values(["pair_id", "trial"]).reset_index(drop=True)
+
+
+def _test_row(kind: str, suspect: str, against: str, fn, *args, alpha: float) -> dict:
+    """One hypothesis row: the test's result, or its reason to be undefined."""
+    try:
+        r = fn(*args, alpha=alpha)
+    except MiaError as e:
+        r = {"test": kind, "h0": "", "statistic": None, "df": None, "p_value": None,
+             "reject_h0": False, "verdict": f"undefined: {e}"}  # fmt: skip
+    extra = ("n_pairs", "mean_diff", "mean_gap_member", "mean_gap_nonmember", "n_nonmember_pairs")
+    return {
+        "suspect": suspect,
+        "against": against,
+        "kind": kind,
+        **{k: r.get(k) for k in ("test", "h0", "statistic", "df", "p_value")},
+        "alpha": alpha,
+        "reject_h0": bool(r.get("reject_h0")),
+        "verdict": r["verdict"],
+        **{k: r[k] for k in extra if k in r},
+    }
+
+
+def _dataset_test(cfg, hunter, pairs: pd.DataFrame, trials: pd.DataFrame, docs_by_label, out: Path):
+    """Each model's LCSS on the member pairs of ``dataset_test.split`` and on the nonmember
+    pairs (best of ``trials`` hunter prompts, the same prompts for every model), then per
+    suspect: the paper's t-test vs the proxy (unpaired Welch, reported as the paper's), the
+    one-sided paired t-test vs the reference, the paired TOST against the proxy, and the
+    verdict: the suspect's gain over the reference on members vs on nonmembers."""
+    from mia_ray.reports.io import write_parquet
+    from mia_ray.stats.hypothesis import gap_greater, paired_greater, paired_tost, paper_ttest
+
+    d = cfg.dataset_test
+    part = pairs[pairs["split"] == d.split]
+    if len(part) < 2:
+        raise MiaError(f"dataset_test: the {d.split} split has {len(part)} pairs; need at least 2")
+    paths = _model_paths(cfg, docs_by_label, out)
+    splits = [d.split] + (["nonmember"] if (pairs["split"] == "nonmember").sum() >= 2 else [])
+    probes = pd.concat([_probes(cfg, hunter, pairs, trials, s) for s in splits], ignore_index=True)
+    probe_key = fingerprint(
+        list(probes["split"]), list(probes["pair_id"]), [int(t) for t in probes["trial"]],
+        list(probes["prompt"]), [[int(t) for t in v] for v in probes["x_ids"]],
+        [[int(t) for t in v] for v in probes["y_ids"]], _SCORING,
+    )  # fmt: skip
     lcss: dict[str, pd.Series] = {}
     for name, path in dict.fromkeys(paths.items()):
-        f = out / "dataset_test" / f"{fingerprint(path, list(probes['prompt']))}.parquet"
-        if path == cfg.model.name_or_path and "mu" in probes:
-            res = probes[["pair_id", "trial", "mu"]]
+        mine = path == cfg.model.name_or_path
+        f = out / "dataset_test" / f"{fingerprint(_target_key(cfg, path), probe_key)}.parquet"
+        if mine and "mu" in probes and probes["mu"].notna().all():
+            res = probes[["split", "pair_id", "trial", "mu"]]
         elif f.exists():
             res = pd.read_parquet(f)
         else:
             log(f"dataset test: LCSS of {name} ({path})")
             pool = TargetPool(path, cfg)
             try:
-                cols = ["pair_id", "trial", "prompt", "x_ids", "y_ids"]
-                res = pool.frame(probes[cols])[["pair_id", "trial", "mu"]]
+                cols = ["split", "pair_id", "trial", "prompt", "x_ids", "y_ids"]
+                res = pool.frame(probes[cols])[["split", "pair_id", "trial", "mu"]]
             finally:
                 pool.close()
-            from mia_ray.reports.io import write_parquet
-
             write_parquet(f, res)
-        lcss[name] = res.groupby("pair_id")["mu"].max().sort_index()
-    ref, proxy = lcss[d.reference], lcss[d.proxy]
+        lcss[name] = res.groupby(["split", "pair_id"])["mu"].max().sort_index()
+
+    def on(name: str, split: str) -> pd.Series:
+        return lcss[name].xs(split, level="split") if split in splits else pd.Series(dtype=float)
+
+    member = {k: on(k, d.split) for k in lcss}
+    non = {k: on(k, "nonmember") for k in lcss}
+    ref, proxy = member[d.reference], member[d.proxy]
     out_rows = []
     for s in d.suspects:
-        for fn, other, role in (
-            (paper_ttest, proxy, "proxy"),
-            (welch_greater, ref, "reference"),
-            (lambda a, b, alpha: tost(a, b, d.margin, alpha), proxy, "proxy"),
-        ):
-            try:
-                r = fn(lcss[s].to_numpy(), other.to_numpy(), alpha=d.alpha)
-            except MiaError as e:
-                r = {"test": fn.__name__, "h0": "", "statistic": None, "p_value": None,
-                     "verdict": f"undefined: {e}"}  # fmt: skip
-            out_rows.append(
-                {
-                    "suspect": s,
-                    "against": d.proxy if role == "proxy" else d.reference,
-                    **{k: r.get(k) for k in ("test", "h0", "statistic", "df", "p_value")},
-                    "alpha": d.alpha,
-                    "verdict": r["verdict"],
-                    "mean_suspect": float(lcss[s].mean()),
-                    "mean_other": float(other.mean()),
-                }
-            )
-    means = {name: float(v.mean()) for name, v in lcss.items()}
-    # Power: a proxy that did train on the data must itself beat the reference, or these
-    # samples cannot tell training from no training and "no evidence" means little.
-    try:
-        power = welch_greater(proxy.to_numpy(), ref.to_numpy(), alpha=d.alpha)
-    except MiaError as e:
-        power = {"p_value": None, "verdict": f"undefined: {e}"}
-    power = {"proxy": d.proxy, "reference": d.reference, **power}
-    return out_rows, means, {k: v.tolist() for k, v in lcss.items()}, power
+        mine = member[s]
+        assert mine.index.equals(ref.index) and mine.index.equals(proxy.index)  # paired by id
+        out_rows += [
+            _test_row("paper", s, d.proxy, paper_ttest, mine.values, proxy.values, alpha=d.alpha),
+            _test_row("paired_greater", s, d.reference, paired_greater, mine.values, ref.values,
+                      alpha=d.alpha),
+            _test_row("paired_tost", s, d.proxy, paired_tost, mine.values, proxy.values,
+                      d.margin, alpha=d.alpha),
+            _test_row("gap_vs_nonmember", s, d.reference, gap_greater, mine.values, ref.values,
+                      non[s].values, non[d.reference].values, alpha=d.alpha),
+        ]  # fmt: skip
+        for r in out_rows[-4:]:
+            other = proxy if r["kind"] in ("paper", "paired_tost") else ref
+            r["mean_suspect"], r["mean_other"] = float(mine.mean()), float(other.mean())
+    # Power: a proxy that did train on the data must itself beat the reference (and by more
+    # on the dataset than outside it), or these samples cannot tell training from no
+    # training and "no evidence" means little.
+    power = _test_row("paired_greater", d.proxy, d.reference, paired_greater, proxy.values,
+                      ref.values, alpha=d.alpha)  # fmt: skip
+    power.update(proxy=d.proxy, reference=d.reference, mean_suspect=float(proxy.mean()),
+                 mean_reference=float(ref.mean()))  # fmt: skip
+    power_gap = _test_row("gap_vs_nonmember", d.proxy, d.reference, gap_greater, proxy.values,
+                          ref.values, non[d.proxy].values, non[d.reference].values,
+                          alpha=d.alpha)  # fmt: skip
+    power_gap.update(proxy=d.proxy, reference=d.reference)
+    summary = {
+        "splits": {"member": d.split, "nonmember": "nonmember" if len(splits) > 1 else None},
+        "pair_ids": [str(p) for p in ref.index],
+        "nonmember_pair_ids": [str(p) for p in non[d.reference].index],
+        "mean_lcss": {k: float(v.mean()) for k, v in member.items()},
+        "mean_lcss_nonmember": {k: float(v.mean()) if len(v) else None for k, v in non.items()},
+        "lcss": {k: v.tolist() for k, v in member.items()},
+        "lcss_nonmember": {k: v.tolist() for k, v in non.items()},
+        "power_check": power,
+        "power_check_gap": power_gap,
+    }
+    return out_rows, summary
 
 
 def _check_resources(cfg: MemHunterJobConfig) -> None:
@@ -588,6 +719,7 @@ def _check_resources(cfg: MemHunterJobConfig) -> None:
 def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
 
     from mia_ray.actors.hunter import Hunter
+    from mia_ray.data.pairs import bos_prefix
     from mia_ray.reports.io import write_json, write_parquet
 
     _resolve(cfg)
@@ -623,8 +755,9 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
         methods = cfg.extraction.methods
         # Wall-clock-budgeted results cannot be recomputed identically: a rerun reads them back.
         # MiniPrompt's budgets and the plug-in's pre-search come from MemHunter's timed rows.
-        fp = fingerprint(to_dict(cfg.extraction), to_dict(cfg.pairs), cfg.model.name_or_path,
-                         list(pairs["pair_id"]), training["adapter"], extraction)  # fmt: skip
+        fp = fingerprint(to_dict(cfg.extraction), to_dict(cfg.pairs), _target_key(cfg),
+                         _hunter_key(cfg), _pairs_key(pairs), _adapter_key(training["adapter"]),
+                         extraction, _SCORING)  # fmt: skip
         if "manual" in methods:
             rows, frame = _stage(out, "manual", fp, lambda: _manual(cfg, target, pairs))
             extraction += rows
@@ -643,9 +776,7 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
             plugin = per_pair.to_dict("records")
     finally:
         target.close()
-    hypothesis, lcss_means, lcss_values, power = _dataset_test(
-        cfg, hunter, pairs, trials, docs_by_label, out
-    )
+    hypothesis, dtest = _dataset_test(cfg, hunter, pairs, trials, docs_by_label, out)
     write_parquet(out / "extraction.parquet", pd.DataFrame(extraction))
     cols = ["method", "split", "pair_id", "mu"]
     write_parquet(
@@ -655,10 +786,16 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
     report = {
         "pipeline": "memhunter",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "model": {"target": cfg.model.name_or_path, "hunter": h.model},
+        "model": {
+            "target": cfg.model.name_or_path,
+            "hunter": h.model,
+            # What the caches are keyed on: the weights by content, with dtype and device.
+            "keys": {"target": _target_key(cfg), "hunter": _hunter_key(cfg)},
+        },
         "pairs": {
             "prefix_tokens": cfg.pairs.prefix_tokens,
             "target_tokens": cfg.pairs.target_tokens,
+            "context_bos": bos_prefix(tok),
             "counts": {k: int(v) for k, v in counts.items()},
         },
         "training": training,
@@ -673,13 +810,11 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
                 "reference": cfg.dataset_test.reference,
                 "proxy": cfg.dataset_test.proxy,
             },
-            "mean_lcss": lcss_means,
-            "lcss": lcss_values,
-            "power_check": power,
+            **dtest,
         },
         "lcss_by_method": _lcss_by_method(outputs),
         "examples": _examples(trials, pairs, outputs, tok),
-        "notes": _notes(cfg, power),
+        "notes": _notes(cfg, dtest, bos_prefix(tok)),
         "runtime": describe(),
     }
     write_json(out / "report.json", report)
@@ -726,22 +861,33 @@ def _examples(trials: pd.DataFrame, pairs: pd.DataFrame, outputs, tok, n: int = 
     return rows
 
 
-def _notes(cfg: MemHunterJobConfig, power: dict) -> list[str]:
-    h, e = cfg.hunter, cfg.extraction
-    weak = []
-    if power.get("p_value") is None or power["p_value"] >= cfg.dataset_test.alpha:
+def _notes(cfg: MemHunterJobConfig, dtest: dict, bos: list[int]) -> list[str]:
+    h, e, d = cfg.hunter, cfg.extraction, cfg.dataset_test
+    power, weak = dtest["power_check"], []
+    if power.get("p_value") is None or power["p_value"] >= d.alpha:
         p = power.get("p_value")
         weak.append(
             f"Power check failed: the proxy, which trained on the dataset, does not recover "
-            f"more than the reference either (one-sided Welch p = "
+            f"more than the reference either (one-sided paired t-test p = "
             f"{'undefined' if p is None else f'{p:.3f}'}). On these samples LCSS cannot tell "
             "training from no training, so 'no evidence of memorization' is not evidence that "
             "a suspect did not train on the data; use more samples or longer continuations."
+        )
+    if dtest["splits"]["nonmember"] is None:
+        weak.append(
+            "The data holds fewer than 2 nonmember pairs: the verdict (the suspect's gain over "
+            "the reference on members against the same gain on nonmembers) is undefined."
         )
     return [
         *weak,
         "mu = LCSS(output, y) / |y| on the target's tokens; Avg LCSS is the mean over pairs of "
         "the best mu among k prompts, Hit Rate the share of pairs with mu = 1.",
+        "The target reads BOS + prompt + x "
+        + (
+            f"(its tokenizer puts token {bos} before every text, so the model expects it)."
+            if bos
+            else "with no BOS: its tokenizer adds none."
+        ),
         f"Hunter training: {h.iterations} iterations, beam search with top-{h.top_k} and "
         f"{h.beams} beams over {h.prompt_tokens}-token prompts (paper: top-48, 4 beams, 10 "
         f"iterations), prompt pool {h.pool_size}, LoRA r {h.lora_r} / alpha {h.lora_alpha}, "
@@ -753,10 +899,19 @@ def _notes(cfg: MemHunterJobConfig, power: dict) -> list[str]:
         "prefix alone.",
         f"Plug-in: GCG runs until mu = 1 or {e.plugin_max_s:g} s (censored there), from the "
         "hunter's best prompt (its pre-search time added) or from random tokens.",
-        "The paper's dataset test (p > alpha means memorized) is shown for comparison only: a "
-        "large p-value is no evidence of sameness. The verdicts we stand behind are the "
-        "one-sided Welch test against a model that never saw the data and the TOST "
-        "equivalence test against the proxy.",
+        "Dataset test: every model reads the same hunter prompts on the same pairs, so the "
+        "tests are paired (on per-pair differences). The paper's test (an unpaired Welch t, "
+        "p > alpha read as memorized) is shown for comparison only: a large p-value is no "
+        "evidence of sameness. The one-sided paired t-test says whether the suspect recovers "
+        "more than a model that never saw the data; the paired TOST whether it recovers as "
+        "much as the proxy. The verdict is the gap test: the suspect's per-pair gain over the "
+        f"reference on the {d.split} pairs against the same gain on the nonmember pairs (one-"
+        "sided Welch, the two are different pairs), so a model that merely follows the hunter's "
+        "prompts better than the reference is not flagged.",
+        "Caches (hunter iterations, extraction, baselines, the dataset test's fine-tunes and "
+        "LCSS values, sweep cells) are keyed on the models' weights by content, dtype and "
+        "device, the pairs' tokens and the options: other weights at the same path are "
+        "scored afresh.",
     ]
 
 
@@ -811,6 +966,23 @@ def _sweep_cells(cfg: MemHunterJobConfig, out: Path) -> list[tuple[str, str, Mem
     return cells
 
 
+def _identity(cfg: MemHunterJobConfig) -> dict[str, Any]:
+    """A run's inputs by content, beside its config: every model it loads (weights, dtype,
+    device), its data and labels files, and how it scores."""
+    d = cfg.dataset_test
+    models = {}
+    for name in dict.fromkeys([*d.suspects, d.reference, d.proxy, d.base]):
+        path = _named_model(cfg, name)
+        if path is not None:
+            models[name] = _target_key(cfg, path)
+    data = {
+        k: tree_sha256(v) if v and Path(v).expanduser().exists() else v
+        for k, v in (("path", cfg.data.path), ("labels", cfg.data.labels))
+    }
+    return {"target": _target_key(cfg), "hunter": _hunter_key(cfg), "models": models,
+            "data": data, "scoring": _SCORING}  # fmt: skip
+
+
 def _cell_task(cfg: MemHunterJobConfig, out: str) -> dict:
     from mia_ray.runtime import configure_data_context
 
@@ -844,7 +1016,7 @@ def _sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
     todo = []
     for ds, m, c in cells:
         d = out / "cells" / f"{_cell_name(ds)}__{_cell_name(m)}"
-        fp = fingerprint(to_dict(c))
+        fp = fingerprint(to_dict(c), _identity(c))
         done = d / "cell.json"
         if done.exists() and read_json(done).get("fingerprint") == fp:
             results[(ds, m)] = read_json(d / "report.json")

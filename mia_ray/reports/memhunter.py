@@ -75,14 +75,18 @@ def _extraction_table(rows: Sequence[Mapping[str, Any]], split: str) -> str:
 
 
 def _sweep_tables(report: Mapping[str, Any]) -> str:
-    """One row per cell: MemHunter at its largest k and Manual on the test split, and the
-    one-sided Welch verdict; then every row of every cell."""
+    """One row per cell: MemHunter at its largest k and Manual on the test split, the paired
+    test against the reference and the verdict (the gap test); then every row of every cell."""
     rows = report.get("extraction", [])
-    welch = {
-        (h["dataset"], h["model"]): h
-        for h in report.get("hypothesis", [])
-        if str(h.get("test", "")).startswith("one-sided Welch")
-    }
+
+    def by_kind(kind):
+        return {
+            (h["dataset"], h["model"]): h
+            for h in report.get("hypothesis", [])
+            if h.get("kind") == kind
+        }
+
+    paired, gap = by_kind("paired_greater"), by_kind("gap_vs_nonmember")
     power = {(p["dataset"], p["model"]): p for p in report.get("power_check", [])}
     cells = list(dict.fromkeys((r["dataset"], r["model"]) for r in rows))
     body = []
@@ -91,22 +95,23 @@ def _sweep_tables(report: Mapping[str, Any]) -> str:
         mem = [r for r in mine if r["method"] == "memhunter"]
         best = max(mem, key=lambda r: r["trials"]) if mem else {}
         man = next((r for r in mine if r["method"] == "manual"), {})
-        w = welch.get((ds, m), {})
+        w, g = paired.get((ds, m), {}), gap.get((ds, m), {})
         pc = power.get((ds, m))
         check = "—"
         if pc is not None:
             check = f"{'passed' if pc['passed'] else 'failed'} (p = {fmt_num(pc['p_value'], 4)})"
         body.append(
             [ds, m, fmt_pct(best.get("avg_lcss")), fmt_pct(best.get("hit_rate")),
-             fmt_pct(man.get("avg_lcss")), fmt_num(w.get("p_value"), 4), w.get("verdict", "—"),
-             check]
+             fmt_pct(man.get("avg_lcss")), fmt_num(w.get("p_value"), 4),
+             fmt_num(g.get("p_value"), 4), g.get("verdict", "—"), check]
         )  # fmt: skip
     summary = table_html(
         body,
         ["dataset", "model", "MemHunter Avg LCSS", "Hit Rate", "Manual Avg LCSS",
-         "Welch p", "verdict", "power check (proxy vs reference)"],
-        caption="test split; MemHunter at its largest k. A failed power check means the "
-        "cell's test could not have flagged training.",
+         "paired p vs reference", "gap p (members vs nonmembers)", "verdict",
+         "power check (proxy vs reference)"],
+        caption="test split; MemHunter at its largest k. The verdict is the gap test's. A "
+        "failed power check means the cell's test could not have flagged training.",
     )  # fmt: skip
     detail = table_html(
         [
@@ -124,7 +129,84 @@ def _sweep_tables(report: Mapping[str, Any]) -> str:
         ],  # fmt: skip
         ["dataset", "model", "method", "split", "k", "seconds", "Avg LCSS", "Hit Rate"],
     )
-    return summary + detail
+    tests = table_html(
+        [
+            [h["dataset"], h["model"], h["test"], h["against"], h.get("h0") or "—",
+             fmt_num(h.get("statistic")), fmt_num(h.get("p_value"), 4), h["verdict"]]
+            for h in report.get("hypothesis", [])
+        ],
+        ["dataset", "model", "test", "against", "H0", "t", "p-value", "verdict"],
+        caption="every cell's dataset-level tests (suspect: the cell's model)",
+    )  # fmt: skip
+    return summary + paragraph(DATASET_TEST) + tests + detail
+
+
+DATASET_TEST = (
+    "Every model reads the same hunter prompts on the same pairs, so the tests compare them "
+    "pair by pair (paired t-tests on the per-pair differences). The verdict is the gap test: "
+    "H0 says the suspect's gain over a reference model that never saw the data is no larger "
+    "on the dataset's pairs than on pairs of text outside it (the nonmember split); rejecting "
+    "it flags memorization of this dataset, while a model that merely follows the hunter's "
+    "prompts better than the reference gains everywhere and is not flagged. The paired test "
+    "against the reference (H0: the suspect recovers no more than the reference on the same "
+    "pairs) and the paired TOST against the proxy (H0: they differ by at least the margin) "
+    "are shown beside it; the paper's unpaired Welch t-test and its rule (p > alpha read as "
+    "memorized) only for comparison."
+)
+
+
+def _dataset_test_html(report: Mapping[str, Any]) -> str:
+    dt = report.get("dataset_test", {})
+    body = [
+        [
+            r["suspect"],
+            r["test"],
+            r["against"],
+            r.get("h0") or "—",
+            fmt_num(r.get("statistic")),
+            fmt_num(r.get("df"), 1),
+            fmt_num(r.get("p_value"), 4),
+            fmt_pct(r.get("mean_diff", r.get("mean_gap_member"))),
+            fmt_pct(r.get("mean_gap_nonmember")),
+            r["verdict"],
+        ]
+        for r in report.get("hypothesis", [])
+    ]
+    non = dt.get("mean_lcss_nonmember", {})
+    means = [[k, fmt_pct(v), fmt_pct(non.get(k))] for k, v in dt.get("mean_lcss", {}).items()]
+    split = dt.get("split", "test")
+    power, gap = dt.get("power_check") or {}, dt.get("power_check_gap") or {}
+    return (
+        paragraph(DATASET_TEST)
+        + table_html(
+            body,
+            [
+                "suspect",
+                "test",
+                "against",
+                "H0",
+                "t",
+                "df",
+                "p-value",
+                "mean difference (members)",
+                "mean difference (nonmembers)",
+                "verdict",
+            ],
+            caption="mean difference: suspect minus the model it is tested against, per pair",
+        )  # fmt: skip
+        + table_html(
+            means,
+            ["model", f"mean LCSS ({split} pairs)", "mean LCSS (nonmember pairs)"],
+            caption="each model's best mu over the same hunter prompts",
+        )
+        + paragraph(
+            "Power check (the proxy, which trained on the data, against the reference; H0: it "
+            f"recovers no more than the reference): paired t-test p = "
+            f"{fmt_num(power.get('p_value'), 4)}, {power.get('verdict', '—')}; its gap over "
+            f"the reference, members vs nonmembers: p = {fmt_num(gap.get('p_value'), 4)}, "
+            f"{gap.get('verdict', '—')}."
+        )
+    )
 
 
 def render_memhunter_report(report: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
@@ -162,36 +244,8 @@ def render_memhunter_report(report: Mapping[str, Any], out_path: str | os.PathLi
             )
         )
     hyp = report.get("hypothesis", [])
-    if hyp:
-        body = [
-            [
-                r["suspect"],
-                r["test"],
-                r["against"],
-                r.get("h0") or "—",
-                fmt_num(r.get("statistic")),
-                fmt_num(r.get("p_value"), 4),
-                r["verdict"],
-            ]
-            for r in hyp
-        ]
-        means = report.get("dataset_test", {}).get("mean_lcss", {})
-        power = report.get("dataset_test", {}).get("power_check") or {}
-        sections.append(
-            (
-                "Did the suspect train on the dataset?",
-                table_html(body, ["suspect", "test", "against", "H0", "t", "p-value", "verdict"])
-                + table_html(
-                    [[k, fmt_pct(v)] for k, v in means.items()],
-                    ["model", "mean LCSS"],
-                    caption="each model's best mu over the same hunter prompts, test split",
-                )
-                + paragraph(
-                    f"Power check (the proxy against the reference, one-sided Welch): "
-                    f"p = {fmt_num(power.get('p_value'), 4)}, {power.get('verdict', '—')}."
-                ),
-            )
-        )
+    if hyp and "sweep" not in report:
+        sections.append(("Did the suspect train on the dataset?", _dataset_test_html(report)))
     ex = report.get("examples", [])
     if ex:
         body = [

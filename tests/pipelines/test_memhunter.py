@@ -76,23 +76,43 @@ def test_hypothesis_rows_state_h0_and_recompute_from_the_lcss_values(run):
     _, report = run
     hyp = pd.DataFrame(report["hypothesis"])
     assert set(hyp["suspect"]) == {"@target", "@finetune:nonmembers"}
-    for col in ("suspect", "test", "h0", "statistic", "p_value", "verdict"):
+    assert set(hyp["kind"]) == {"paper", "paired_greater", "paired_tost", "gap_vs_nonmember"}
+    for col in ("suspect", "kind", "test", "h0", "verdict", "reject_h0"):
         assert col in hyp and hyp[col].notna().all(), col
-    lcss = report["dataset_test"]["lcss"]
-    for _, r in hyp[hyp["test"].str.startswith("one-sided Welch")].iterrows():
-        want = stats.ttest_ind(
-            lcss[r["suspect"]], lcss["@reference"], equal_var=False, alternative="greater"
-        )
-        assert r["p_value"] == pytest.approx(want.pvalue) and r["statistic"] == pytest.approx(
-            want.statistic
-        )
-        assert "never saw the data" in r["h0"]
-    paper = hyp[hyp["test"].str.startswith("paper")]
-    assert (paper["verdict"].str.contains("paper's rule")).all()
+    dt = report["dataset_test"]
+    lcss, non = dt["lcss"], dt["lcss_nonmember"]
+    # Every model is scored on the same pairs, in the same (pair id) order.
+    assert all(len(v) == len(dt["pair_ids"]) for v in lcss.values())
+    assert dt["nonmember_pair_ids"] and all(
+        len(v) == len(dt["nonmember_pair_ids"]) for v in non.values()
+    )
+    assert not set(dt["pair_ids"]) & set(dt["nonmember_pair_ids"])
+    for _, r in hyp.iterrows():
+        s = np.array(lcss[r["suspect"]])
+        if r["kind"] == "paired_greater":
+            want = stats.ttest_rel(s, lcss["@reference"], alternative="greater")
+            assert "on the same pairs" in r["h0"] and "never saw the data" in r["h0"]
+        elif r["kind"] == "gap_vs_nonmember":
+            gap_m = s - np.array(lcss["@reference"])
+            gap_n = np.array(non[r["suspect"]]) - np.array(non["@reference"])
+            want = stats.ttest_ind(gap_m, gap_n, equal_var=False, alternative="greater")
+            assert "nonmember pairs" in r["h0"]
+        elif r["kind"] == "paper":
+            want = stats.ttest_ind(s, lcss["@finetune:members"], equal_var=False)
+            assert "paper's rule" in r["verdict"]
+        else:
+            continue
+        if r["p_value"] is None or np.isnan(r["p_value"]):  # no variance: said, not hidden
+            assert r["verdict"].startswith("undefined:") and not r["reject_h0"]
+            continue
+        assert r["p_value"] == pytest.approx(want.pvalue)
+        assert r["statistic"] == pytest.approx(want.statistic)
     # The test world's tiny reproduces nothing verbatim: the proxy cannot beat the reference,
     # and the report says that the dataset test has no power here.
     power = report["dataset_test"]["power_check"]
-    assert power["proxy"] == "@finetune:members"
+    assert power["proxy"] == "@finetune:members" and power["kind"] == "paired_greater"
+    assert report["dataset_test"]["power_check_gap"]["kind"] == "gap_vs_nonmember"
+    assert report["pairs"]["context_bos"] == []  # the GPT-2 tokenizer adds no BOS
     assert power["p_value"] is None or power["p_value"] >= 0.05
     assert any(n.startswith("Power check failed") for n in report["notes"])
 
@@ -101,11 +121,12 @@ def test_hunter_trained_and_checkpointed_every_iteration(run):
     out, report = run
     its = report["training"]["iterations"]
     assert [r["iteration"] for r in its] == [0, 1] and report["training"]["finished"]
+    (hdir,) = (out / "hunter").iterdir()  # keyed on the models' contents and the pairs
     for i in range(2):
-        d = out / "hunter" / f"iter-{i:02d}"
+        d = hdir / f"iter-{i:02d}"
         assert (d / "done.json").is_file() and (d / "pool.parquet").is_file()
-    pool = pd.read_parquet(out / "hunter" / "iter-01" / "pool.parquet")
-    base = pd.read_parquet(out / "hunter" / "baseline.parquet").set_index("pair_id")
+    pool = pd.read_parquet(hdir / "iter-01" / "pool.parquet")
+    base = pd.read_parquet(hdir / "baseline.parquet").set_index("pair_id")
     # Rejection sampling: every pooled prompt beats the prefix alone on its pair.
     b = base.loc[pool["pair_id"]]
     assert (
@@ -114,6 +135,8 @@ def test_hunter_trained_and_checkpointed_every_iteration(run):
     ).all()  # fmt: skip
     html = (out / "report.html").read_text()
     assert "data:image/png" in html and "Did the suspect train on the dataset?" in html
+    # The verdict's H0 is stated: the gain over the reference, members vs nonmembers.
+    assert "The verdict is the gap test" in html and "mean LCSS (nonmember pairs)" in html
 
 
 def test_rerun_trains_and_searches_nothing_and_gives_identical_numbers(run, test_world, capfd):
@@ -156,7 +179,7 @@ def test_notebook_redraws_the_tables_from_the_run(run, run_notebook):
     nb, text = run_notebook("memhunter.ipynb", out)
     mem = next(r for r in report["extraction"] if r["method"] == "memhunter")
     assert f"{100 * mem['avg_lcss']:.2f}".rstrip("0").rstrip(".") in text
-    assert "one-sided Welch" in text and "H0:" in text
+    assert "one-sided paired t-test" in text and "H0:" in text
     png = out / "memhunter_lcss.png"
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
 
@@ -174,6 +197,8 @@ def test_sweep_runs_every_cell_once_and_a_rerun_skips_them(tmp_path, ray_local, 
         "--set", "hunter.prompt_tokens=2", "--set", "extraction.trials=[1,2]",
         "--set", "extraction.splits=[test]", "--set", "extraction.methods=[manual]",
         "--set", "dataset_test.trials=1", "--set", 'dataset_test.proxy="@target"',
+        # The demo job's suspects name smollm2-control, which the test world does not build.
+        "--set", 'dataset_test.suspects=["@target"]',
         # Half a CPU per actor and fine-tune: two cells fit side by side on 2 CPUs.
         "--set", "resources.cpus_per_actor=0.5", "--set", "hunter.train_cpus=0.5",
         "--set", "resources.torch_threads=1",
@@ -269,3 +294,66 @@ def test_sweep_names_any_demo_world_model_not_only_the_targets(test_world, tmp_p
     cfg.sweep.models = ["@world:nope"]
     with pytest.raises(MiaError, match=r"unknown demo world model 'nope' \(known: tiny, tiny-ref,"):
         _sweep_cells(cfg, tmp_path)
+
+
+def _fake_model(path, weights: bytes):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text('{"model_type": "gpt2"}')
+    (path / "model.safetensors").write_bytes(weights)
+    return str(path)
+
+
+def test_every_cache_key_follows_the_models_contents_not_their_paths(tmp_path):
+    """Other weights at the same path (target, hunter, reference, a dataset-test model) and
+    another dtype give other keys for the hunter's folder, extraction, the dataset test's
+    fine-tunes and LCSS values, and the sweep cells; the same contents give the same keys."""
+    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.pipelines.memhunter import (
+        _extraction_key,
+        _finetune_key,
+        _hunter_dir,
+        _identity,
+        _target_key,
+    )
+
+    t, h = _fake_model(tmp_path / "t", b"target"), _fake_model(tmp_path / "h", b"hunter")
+    r, o = _fake_model(tmp_path / "r", b"ref"), _fake_model(tmp_path / "o", b"other")
+    adapter = _fake_model(tmp_path / "ad", b"adapter")
+    cfg = load_config(
+        MemHunterJobConfig,
+        None,
+        [f"model.name_or_path={t}", f"model.reference={r}", f"hunter.model={h}", "data.path=d",
+         f'dataset_test.suspects=["@target", "{o}"]'],
+    )  # fmt: skip
+    train = pd.DataFrame(
+        {"pair_id": ["a#0"], "x": ["x"], "x_ids": [[1, 2]], "y_ids": [[3]], "split": "train"}
+    )
+
+    def keys():
+        return {
+            "hunter": _hunter_dir(cfg, tmp_path, train)[0].name,
+            "extraction": _extraction_key(cfg, adapter),
+            "finetune": _finetune_key(cfg, "members", ["doc"]),
+            "lcss_other": _target_key(cfg, o),
+            "cell": json.dumps(_identity(cfg), sort_keys=True),
+        }
+
+    first = keys()
+    assert keys() == first
+    # The target retrained into the same folder: everything that read it changes.
+    _fake_model(tmp_path / "t", b"target, retrained")
+    after = keys()
+    assert {k for k in first if after[k] != first[k]} == {"hunter", "extraction", "cell"}
+    _fake_model(tmp_path / "h", b"hunter, retrained")
+    again = keys()
+    assert {k for k in after if again[k] != after[k]} == {"hunter", "extraction", "cell"}
+    # The fine-tunes' base (the reference) and a suspect given by path.
+    _fake_model(tmp_path / "r", b"ref, retrained")
+    _fake_model(tmp_path / "o", b"other, retrained")
+    last = keys()
+    assert {k for k in again if last[k] != again[k]} == {"finetune", "lcss_other", "cell"}
+    # The final adapter's bytes decide extraction's prompts.
+    _fake_model(tmp_path / "ad", b"adapter, retrained")
+    assert keys()["extraction"] != last["extraction"]
+    cfg.model.dtype = "bfloat16"
+    assert keys()["hunter"] != last["hunter"] and keys()["lcss_other"] != last["lcss_other"]
