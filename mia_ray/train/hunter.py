@@ -187,13 +187,17 @@ def train_hunter(
     out: Path,
     spec: HunterConfig,
     stop_after: int | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Algorithm 1 over ``pairs`` (the training split); checkpoints in ``out/iter-XX``.
 
     Per iteration: ``search.parquet`` (step 1), ``pool.parquet``, ``adapter/`` (step 2) and
     last ``done.json``. A rerun with the same ``out`` resumes after the last ``done.json``
     and reuses a finished search of the interrupted iteration. ``stop_after`` ends the run
-    after that iteration (as an interruption would). Returns the training record.
+    after that iteration (as an interruption would). ``identity`` (JSON-able: the target's
+    and the hunter's content keys, the pairs' tokens) is recorded beside the settings; a
+    folder trained under another one is refused like other settings. Returns the training
+    record.
     """
     from mia_ray.reports.io import read_json, write_json, write_parquet
 
@@ -202,10 +206,13 @@ def train_hunter(
     skip = ("train_cpus", "train_gpus", "sample_top_k", "sample_temperature")
     recipe = {k: v for k, v in asdict(spec).items() if k not in skip}
     settings = {"spec": recipe, "pairs": sorted(pairs["pair_id"])}
+    if identity is not None:
+        settings["identity"] = identity
     meta = out / "settings.json"
     if meta.exists() and read_json(meta) != settings:
         raise MiaError(
-            f"{out} holds a hunter trained with other settings or pairs: choose another --out"
+            f"{out} holds a hunter trained with other settings, pairs or models: choose another "
+            "--out"
         )
     write_json(meta, settings)
     base_path = out / "baseline.parquet"

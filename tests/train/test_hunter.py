@@ -163,8 +163,22 @@ def test_interrupted_training_resumes_to_the_same_pool(tmp_path):
 def test_other_settings_in_the_same_folder_are_refused(tmp_path):
     spec = HunterConfig(prompt_tokens=2, top_k=2, beams=1, iterations=1)
     train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(), tmp_path, spec)
-    with pytest.raises(MiaError, match="other settings or pairs"):
+    with pytest.raises(MiaError, match="other settings, pairs or models"):
         train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(2), tmp_path, spec)
+
+
+def test_a_hunter_trained_for_other_models_is_not_resumed(tmp_path):
+    # Same settings and pairs, but the target's weights changed at the same path.
+    spec = HunterConfig(prompt_tokens=2, top_k=2, beams=1, iterations=1)
+    ft = _fake_finetune([])
+    train_hunter(CountingHunter(), secret_score, ft, _pairs(), tmp_path, spec,
+                 identity={"target": "aaaa", "hunter": "bbbb"})  # fmt: skip
+    with pytest.raises(MiaError, match="other settings, pairs or models"):
+        train_hunter(CountingHunter(), secret_score, ft, _pairs(), tmp_path, spec,
+                     identity={"target": "cccc", "hunter": "bbbb"})  # fmt: skip
+    again = train_hunter(CountingHunter(), secret_score, ft, _pairs(), tmp_path, spec,
+                         identity={"target": "aaaa", "hunter": "bbbb"})  # fmt: skip
+    assert again["finished"]
 
 
 @pytest.mark.slow
