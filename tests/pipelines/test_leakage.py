@@ -197,6 +197,28 @@ def test_one_worker_finds_what_two_find(run, test_world, tmp_path):
     pd.testing.assert_frame_equal(a, b)
 
 
+def test_a_rerun_that_reads_the_shards_otherwise_scans_them_again(ray_local, tmp_path, capfd):
+    shard = tmp_path / "shard.jsonl"
+    rows = [{"id": "a", "text": "Write to mary.johnson@example.com today.", "body": "Hello."},
+            {"id": "b", "text": "Nothing here.", "body": "Or call +44 20 7946 0958 now."}]  # fmt: skip
+    shard.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+
+    def scan(*extra):
+        args = ["leakage", "--set", f"crawl.shards=[{shard}]", "--set", "scan.workers=1",
+                "--set", "scan.names=false", *extra, "--out", str(out)]  # fmt: skip
+        assert main(args) == 0
+        return pd.read_parquet(out / "matches.parquet")
+
+    assert list(scan()[["doc_id", "type"]].itertuples(index=False)) == [("a", "email")]
+    # Another text field: rows of the earlier scan, keyed on the shard alone, would be
+    # findings in a text this run does not read.
+    capfd.readouterr()
+    found = scan("--set", "crawl.text_field=body")
+    assert "reusing the earlier scan" not in capfd.readouterr().err
+    assert list(found[["doc_id", "type"]].itertuples(index=False)) == [("b", "phone_intl")]
+
+
 def test_model_side_report_keys_cover_every_category_and_method(run):
     _, report = run
     assert set(report["output_rate"]) == set(report["detection_rate"]) == set(CATEGORIES)
