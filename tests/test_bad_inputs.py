@@ -43,11 +43,14 @@ def _sets(*pairs: str) -> tuple[str, ...]:
     return tuple(a for p in pairs for a in ("--set", p))
 
 
-ATTACK = ("attack", "--config", "jobs/attack_demo.yaml")
-COPYCHECK = ("copycheck", "--config", "jobs/copycheck_demo.yaml")
-LUMIA = ("lumia", "--config", "jobs/lumia_demo.yaml")
-MEMHUNTER = ("memhunter", "--config", "jobs/memhunter_demo.yaml")
-LEAKAGE = ("leakage", "--config", "jobs/leakage_demo.yaml")
+# Each verb on the row's own documents and a model folder that does not exist: a check that
+# validation misses then fails fast (and with another message), never starts real work.
+_MINE = ("data.path={docs}", "data.labels={labels}", "model.name_or_path={tmp}/no-model")
+ATTACK = ("attack", *_sets(*_MINE, "attack.attacks=loss"))
+COPYCHECK = ("copycheck", *_sets(*_MINE))
+LUMIA = ("lumia", *_sets(*_MINE))
+MEMHUNTER = ("memhunter", *_sets(*_MINE, "hunter.model={tmp}/no-model"))
+LEAKAGE = ("leakage", *_sets("crawl.shards=[{docs}]"))
 # An attack on the row's own documents with the test world's tiny model: cheap to score.
 OWN = (
     "attack",
@@ -118,7 +121,7 @@ def _old_report_set_aside(out: Path) -> None:
 
 ROWS = [
     # ---- config validation: fails before anything starts
-    Bad("config typo", (*ATTACK, *_sets("data.snipet_size=3")),
+    Bad("config typo", ("attack", "--config", "jobs/attack_demo.yaml", *_sets("data.snipet_size=3")),
         "unknown config key 'data.snipet_size'; did you mean 'snippet_size'?"),
     Bad("missing config file", ("attack", "--config", "jobs/nope.yaml"),
         "config file not found: jobs/nope.yaml"),
