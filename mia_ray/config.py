@@ -28,12 +28,16 @@ class DataConfig:
     path: str = ""
     format: str = "auto"  # auto | text | jsonl | parquet
     text_field: str = "text"
+    # "id" may be absent (each doc_id is then a hash of its text, with a note); a field
+    # named otherwise must be there (else an error: a typo must not become hashed ids)
     id_field: str = "id"
     label_field: str = "label"  # optional column: 1 = member, 0 = non-member
     date_field: str = "date"  # optional column, carried through
     image_field: str = "image"  # vision-language models: image path (relative to a jsonl's folder)
     labels: str = ""  # optional membership manifest (JSON doc_id -> 0/1), overrides label_field
-    unlabelled: str = "error"  # documents the manifest lacks: error | skip (leave them out)
+    # documents the manifest lacks: error | skip (leave them out); manifest entries the data
+    # lacks are left out with a note
+    unlabelled: str = "error"
     snippet_unit: str = "words"  # words | tokens
     snippet_size: int = 512
     min_snippet_size: int = (
