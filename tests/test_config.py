@@ -65,10 +65,16 @@ def test_resolved_config_round_trips(tmp_path):
 
 
 def test_shipped_job_configs_are_valid():
+    """Every job in jobs/ passes the whole-config validation of the pipeline it names."""
     from pathlib import Path
 
-    for path in sorted(Path(__file__).resolve().parents[1].glob("jobs/attack_*.yaml")):
-        load_config(AttackJobConfig, str(path))
+    from mia_ray import registry
+
+    paths = sorted(Path(__file__).resolve().parents[1].glob("jobs/*.yaml"))
+    assert len(paths) > 10
+    for path in paths:
+        verb = yaml.safe_load(path.read_text())["pipeline"]
+        load_config(registry.get("pipeline", verb).config_cls, str(path))
 
 
 COPYCHECK_ERRORS = [
