@@ -252,17 +252,19 @@ def _resolve(root: Path, format: str) -> tuple[str, Path, list[tuple[str, int]]]
     return "text", root, files
 
 
-def _list_files(root: Path) -> list[tuple[str, int]]:
-    out = []
+def visible_files(root: Path):
+    """Every regular file under ``root`` in a stable order, hidden files and folders left
+    out; yields ``(relative posix path, full path)``."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
-            if name.startswith("."):
-                continue
             full = Path(dirpath) / name
-            if full.is_file():
-                out.append((full.relative_to(root).as_posix(), full.stat().st_size))
-    return out
+            if not name.startswith(".") and full.is_file():
+                yield full.relative_to(root).as_posix(), full
+
+
+def _list_files(root: Path) -> list[tuple[str, int]]:
+    return [(rel, full.stat().st_size) for rel, full in visible_files(root)]
 
 
 def _is_marker(rel: str) -> bool:

@@ -55,17 +55,12 @@ def file_sha256(path: str | os.PathLike) -> str:
 def tree_sha256(path: str | os.PathLike) -> str:
     """Content hash of a file, or of every file under a folder (names and bytes; hidden
     files and folders such as ``.cache`` are left out)."""
+    from mia_ray.data.readers import visible_files
+
     root = Path(path).expanduser()
     if root.is_file():
         return file_sha256(root)
-    entries = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            if name.startswith("."):
-                continue
-            full = Path(dirpath) / name
-            entries.append((full.relative_to(root).as_posix(), file_sha256(full)))
+    entries = [(rel, file_sha256(full)) for rel, full in visible_files(root)]
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
 
 
@@ -110,16 +105,9 @@ def model_identity(
     return ident
 
 
-def model_key(
-    name_or_path: str,
-    revision: str = "",
-    gguf_file: str = "",
-    dtype: str = "auto",
-    device: str = "auto",
-    **options: Any,
-) -> str:
-    """A short hex key of :func:`model_identity`: equal keys, equal numbers."""
-    ident = model_identity(name_or_path, revision, gguf_file, dtype, device, **options)
+def model_key(name_or_path: str, *args: Any, **kwargs: Any) -> str:
+    """A short hex key of :func:`model_identity` (same arguments): equal keys, equal numbers."""
+    ident = model_identity(name_or_path, *args, **kwargs)
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
