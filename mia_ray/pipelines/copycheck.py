@@ -402,7 +402,9 @@ def _serve(cfg: CopyCheckJobConfig):
     from mia_ray.serve import serve_in_thread
 
     name = cfg.backend.model or cfg.model.name_or_path
-    url, stop = serve_in_thread(cfg.model.name_or_path, name, device=cfg.model.device)
+    url, stop = serve_in_thread(
+        cfg.model.name_or_path, name, device=cfg.model.device, dtype=cfg.model.dtype
+    )
     cfg.backend.kind, cfg.backend.base_url = "openai", url
     log(f"blackbox: serving {name} at {url} (OpenAI-compatible, loopback)")
     return stop
