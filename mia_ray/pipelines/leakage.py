@@ -278,13 +278,10 @@ def _findings(docs: pd.DataFrame) -> pd.DataFrame:
 
 
 def wilson(k: int, n: int, ci: float) -> list[float]:
-    """Wilson interval of k/n with its ends exact where the rate sits on them: at k = 0 the
-    two terms of the lower bound cancel only up to rounding (about 1e-18 above 0, above the
-    rate itself), and at k = n the upper bound falls a rounding short of 1."""
+    """Wilson interval of k/n as report.json lists it (exact 0 at k = 0, 1 at k = n)."""
     from mia_ray.stats.metrics import wilson_interval
 
-    lo, hi = wilson_interval(k, n, ci)
-    return [0.0 if k == 0 else lo, 1.0 if n and k == n else hi]
+    return list(wilson_interval(k, n, ci))
 
 
 def _rate(k: int, n: int, ci: float) -> dict[str, Any]:

@@ -327,4 +327,8 @@ def wilson_interval(k: int, n: int, ci: float = 0.95) -> tuple[float, float]:
     denom = 1 + z * z / n
     center = (p + z * z / (2 * n)) / denom
     half = z / denom * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return float(max(0.0, center - half)), float(min(1.0, center + half))
+    # At k = 0 (k = n) the bound is exactly 0 (1); in floats center - half is ~1e-18 above
+    # 0, above the rate itself, which breaks error bars drawn from rate - lo.
+    lo = 0.0 if k == 0 else max(0.0, center - half)
+    hi = 1.0 if k == n else min(1.0, center + half)
+    return float(lo), float(hi)

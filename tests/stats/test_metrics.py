@@ -196,6 +196,8 @@ def test_wilson_interval_matches_the_formula_and_its_edges():
     lo, hi = wilson_interval(0, 20)
     assert lo == 0.0 and hi == pytest.approx(0.161125, abs=1e-6)  # z²/(n+z²)
     assert wilson_interval(0, 0) == (0.0, 1.0)
+    # Exact ends where the rate sits on them (floats gave 3.5e-18 at 0/100, 1 - 1e-16 at 10/10).
+    assert wilson_interval(0, 100)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
     with pytest.raises(MiaError, match="0 <= k <= n"):
         wilson_interval(3, 2)
 
