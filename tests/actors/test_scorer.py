@@ -106,6 +106,10 @@ def test_vocab_moments_give_no_nan_for_a_ruled_out_token():
     mu, sigma = vocab_moments(logp)
     assert mu.item() == pytest.approx(np.log(0.5))
     assert sigma.item() == pytest.approx(0.0, abs=1e-7)
+    # In every float type the scorer may run in.
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        mu, sigma = vocab_moments(logp.to(dtype))
+        assert torch.isfinite(mu).all() and torch.isfinite(sigma).all(), dtype
     # And a row with three live tokens: mu = sum p log p, sigma^2 = sum p (log p)^2 - mu^2.
     p = np.array([0.5, 0.25, 0.25])
     mu, sigma = vocab_moments(torch.tensor(np.log(p))[None])
