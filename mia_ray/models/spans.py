@@ -82,9 +82,15 @@ def common_prefix(texts: Sequence[str], tokenizers: Sequence[tuple[object, int]]
     for tok, limit in tokenizers:
         ends = np.minimum(ends, token_prefix_ends(tok, texts, limit))
     out = [t[:e] for t, e in zip(texts, ends, strict=True)]
+    # Only a cut text can tokenize past a limit: an uncut one was measured whole above.
+    cut = np.flatnonzero(ends < np.array([len(t) for t in texts]))
     for tok, limit in tokenizers:
-        lengths = tok(out, add_special_tokens=True, return_length=True)["length"]
-        for i in np.flatnonzero(np.asarray(lengths) > limit):
+        if not cut.size:
+            break
+        lengths = np.asarray(
+            tok([out[i] for i in cut], add_special_tokens=True, return_length=True)["length"]
+        )
+        for i in cut[lengths > limit]:
             t = out[i]
             while len(t) > 1 and _n_tokens(tok, t) > limit:
                 t = t[:-1]
