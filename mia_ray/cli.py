@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mia_ray.errors import MiaError, describe_failure, find_mia_error
 
-REPORT_FILES = ("report.json", "report.html")
+REPORT_FILES = ("report.json", "report.html")  # storage.DRIVER_ONLY keeps these off storage
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,6 +110,7 @@ def _run_pipeline(args: argparse.Namespace) -> int:
         raise MiaError(f"--out {args.out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
 
+    from mia_ray import storage
     from mia_ray.reports.io import write_json, write_text
     from mia_ray.runtime import configure_data_context, connect
 
@@ -119,7 +120,14 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     mode = connect(res.address if res else "", res.num_cpus if res else 0)
     configure_data_context(res.no_progress_timeout_s if res else 0.0, progress=sys.stderr.isatty())
     t0 = time.time()
-    report = spec.run(cfg, out)
+    ws = storage.open_workspace(out, res.storage if res else "", mode)
+    storage.set_current(ws)
+    try:
+        report = spec.run(cfg, out)
+    finally:
+        # Whatever finished (or failed half-way) is kept where a new driver finds it.
+        ws.push()
+        storage.set_current(None)
     # The resolved config may have gained demo-world paths; keep what really ran.
     write_text(out / "config.yaml", dump_yaml(cfg, spec.name))
     if not (out / "report.json").exists():

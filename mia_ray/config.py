@@ -93,13 +93,35 @@ class ResourcesConfig:
     gpus_per_actor: float = 0.0
     torch_threads: int = 0  # per actor; 0 = cpus_per_actor rounded up
     no_progress_timeout_s: float = 0.0  # 0 = Ray's default
+    # Where artifacts that cross nodes live (adapters, staged models, parts, caches): a folder
+    # every node mounts, or s3://bucket/prefix, gs://bucket/prefix. "" = --out itself.
+    storage: str = ""
 
     def validate(self) -> None:
         _check_at_least_1({"resources.scorer_actors": self.scorer_actors})
+        _check_storage(self.storage)
         _check_cpus_gpus("resources", self.cpus_per_actor, self.gpus_per_actor, "_per_actor")
         for key in ("num_cpus", "torch_threads", "no_progress_timeout_s"):
             if getattr(self, key) < 0:
                 raise MiaError(f"resources.{key} must be 0 or more, not {getattr(self, key)}")
+
+
+_STORAGE_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "file")
+
+
+def _check_storage(uri: str) -> None:
+    if "://" not in uri:
+        return
+    from mia_ray.storage import redact
+
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme not in _STORAGE_SCHEMES:
+        raise MiaError(
+            f"resources.storage {redact(uri)}: unknown scheme {scheme!r}; use a folder every "
+            "node mounts, or s3://bucket/prefix or gs://bucket/prefix"
+        )
+    if not uri.split("://", 1)[1].strip("/"):
+        raise MiaError(f"resources.storage {redact(uri)} names no bucket")
 
 
 @dataclass

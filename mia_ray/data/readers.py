@@ -89,11 +89,16 @@ def read_documents(
     fmt, base, files = _resolve(root, format)
     rels = [rel for rel, _ in files]
     paths = [str(base / rel) for rel in rels]
+    from mia_ray.storage import node_affinity
+
+    # The files are on the driver's disk: on a cluster whose nodes lack them the read tasks
+    # run on the driver's node, and the rows reach every node through the object store.
+    pinned = {"ray_remote_args": node_affinity()} if node_affinity() else {}
     if fmt == "text":
         empty = [rel for rel, size in files if size == 0]
         if empty:
             raise MiaError(f"document {empty[0]} is empty" + _more(len(empty), "empty documents"))
-        ds = ray.data.read_binary_files(paths, include_paths=True)
+        ds = ray.data.read_binary_files(paths, include_paths=True, **pinned)
         ds = ds.map_batches(_decode_text_files, fn_kwargs={"base": str(base)}, batch_format="numpy")
         return _validated(ds, str(path), no_id=False)
     if fmt == "jsonl":
@@ -115,7 +120,7 @@ def read_documents(
             )
     if fmt == "jsonl":
         source = _jsonl_datasource_class()(paths, base=str(base), fields=fields)
-        ds = ray.data.read_datasource(source)
+        ds = ray.data.read_datasource(source, **pinned)
     else:
         optional = [
             (fields.id, fields.has_id),
@@ -123,7 +128,7 @@ def read_documents(
             (fields.date, fields.has_date),
         ]
         columns = [fields.text] + [name for name, has in optional if has]
-        ds = ray.data.read_parquet(paths, include_paths=True).select_columns([*columns, "path"])
+        ds = ray.data.read_parquet(paths, include_paths=True, **pinned).select_columns([*columns, "path"])
         ds = ds.map_batches(
             _normalize_parquet,
             fn_kwargs={"base": str(base), "fields": fields},

@@ -474,7 +474,10 @@ def _run(fn: Callable[..., dict], num_cpus: int, **kwargs: Any):
     if _ray_up():
         import ray
 
-        return ray.remote(num_cpus=num_cpus)(fn).remote(**kwargs)
+        from mia_ray.storage import node_affinity
+
+        # The world is written on the driver's disk: its tasks run where that disk is.
+        return ray.remote(num_cpus=num_cpus, **node_affinity())(fn).remote(**kwargs)
     return fn(**kwargs)
 
 

@@ -82,6 +82,9 @@ def load_tokenizer(
 ):
     from transformers import AutoTokenizer
 
+    from mia_ray.storage import localize
+
+    name_or_path = localize(name_or_path)
     kwargs = {"trust_remote_code": trust_remote_code}
     if revision:
         kwargs["revision"] = revision
@@ -110,10 +113,16 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     gguf_file: str = "",
 ):
-    """Return ``(model, tokenizer, device)`` with the model in eval mode on ``device``."""
+    """Return ``(model, tokenizer, device)`` with the model in eval mode on ``device``.
+
+    ``name_or_path`` may also be a folder staged in storage (:func:`mia_ray.storage.localize`).
+    """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    from mia_ray.storage import localize
+
+    name_or_path = localize(name_or_path)
     hf_logging.disable_progress_bar()  # one bar per actor per model is noise in the job log
     dev = pick_device(device)
     kwargs = {"trust_remote_code": trust_remote_code, "dtype": pick_dtype(dtype, dev)}
@@ -160,6 +169,9 @@ def is_vision_language(
     """True for a model whose config pairs a vision encoder with a language model (LLaVA)."""
     from transformers import AutoConfig
 
+    from mia_ray.storage import localize
+
+    name_or_path = localize(name_or_path)
     kwargs = {"trust_remote_code": trust_remote_code}
     if revision:
         kwargs["revision"] = revision
@@ -182,6 +194,9 @@ def load_activation_model(
     A vision-language model loads with ``AutoModelForImageTextToText`` and its
     ``AutoProcessor``; any other model as a causal LM (:func:`load_causal_lm`).
     """
+    from mia_ray.storage import localize
+
+    name_or_path = localize(name_or_path)
     if not is_vision_language(name_or_path, revision, trust_remote_code):
         model, tok, dev = load_causal_lm(name_or_path, device, dtype, revision, trust_remote_code)
         return model, None, tok, dev

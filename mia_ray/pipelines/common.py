@@ -157,6 +157,7 @@ def resumable_map(
 
     import pandas as pd
 
+    from mia_ray import storage
     from mia_ray.reports.io import read_json, write_json, write_parquet
 
     meta = out_dir / "meta.json"
@@ -165,6 +166,7 @@ def resumable_map(
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(meta, {"fingerprint": fp})
+    storage.push(meta)
     parts = sorted(out_dir.glob("part-*.parquet"))
     done: set[str] = set()
     for part in parts:
@@ -184,6 +186,7 @@ def resumable_map(
         if buffer:
             path = out_dir / f"part-{len(parts):05d}.parquet"
             write_parquet(path, pd.concat(buffer, ignore_index=True))
+            storage.push(path)  # a checkpoint: a new driver resumes from it
             parts.append(path)
             buffer.clear()
 
