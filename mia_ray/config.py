@@ -96,10 +96,18 @@ class ResourcesConfig:
     # Where artifacts that cross nodes live (adapters, staged models, parts, caches): a folder
     # every node mounts, or s3://bucket/prefix, gs://bucket/prefix. "" = --out itself.
     storage: str = ""
+    # Ray custom resources every model actor, task and trial also asks for, e.g. {"a10g": 1}
+    # to keep model work on the nodes started with `ray start --resources='{"a10g": 1}'`.
+    custom_resources: dict[str, float] = field(default_factory=dict)
 
     def validate(self) -> None:
         _check_at_least_1({"resources.scorer_actors": self.scorer_actors})
         _check_storage(self.storage)
+        bad = {k: v for k, v in self.custom_resources.items() if not v > 0 or not str(k)}
+        if bad:
+            raise MiaError(
+                f"resources.custom_resources must map resource names to amounts > 0, not {bad}"
+            )
         _check_cpus_gpus("resources", self.cpus_per_actor, self.gpus_per_actor, "_per_actor")
         for key in ("num_cpus", "torch_threads", "no_progress_timeout_s"):
             if getattr(self, key) < 0:

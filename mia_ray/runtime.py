@@ -67,6 +67,16 @@ def _connect(ray, address: str, num_cpus: int, quiet: bool) -> str:
         ) from None
 
 
+def ray_options(res_cfg, num_cpus: float, num_gpus: float = 0.0) -> dict:
+    """Ray options for a model actor, task or trial: its CPUs and GPUs plus the job's
+    ``resources.custom_resources`` (which keep model work on the nodes that have them)."""
+    opts: dict = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+    custom = dict(getattr(res_cfg, "custom_resources", None) or {})
+    if custom:
+        opts["resources"] = custom
+    return opts
+
+
 def cluster_cpus() -> float:
     import ray
 

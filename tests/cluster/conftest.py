@@ -71,37 +71,43 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """Stop a node: SIGTERM its ``ray start --block`` (which stops the node's processes),
-    then SIGKILL whatever is left in its process group and below it."""
+def _stop_nodes(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
+    """Stop nodes: SIGTERM each ``ray start --block`` process group (the node drains and
+    stops its processes), then SIGKILL whatever is left in the groups and below them."""
     import psutil
 
-    try:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    if proc.poll() is None:
+    trees = []
+    for proc in procs:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
+            trees += psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
             pass
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.time() + grace
+    for proc in procs:
         try:
-            proc.wait(grace)
+            proc.wait(max(0.1, deadline - time.time()))
         except subprocess.TimeoutExpired:
             pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for p in tree:  # anything that left the group (none expected)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p in trees:  # anything that left its group (none expected)
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        pass
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 class WorkerNode(NamedTuple):
@@ -365,7 +371,7 @@ class LocalCluster:
             if time.time() > deadline:
                 raise RuntimeError(f"worker {i} (node {node_id}) still alive {timeout} s after kill")
             time.sleep(0.25)
-        _kill_group(self._worker_procs[i], grace=5)
+        _stop_nodes([self._worker_procs[i]], grace=5)
 
     def restart_worker(self, i: int, timeout: float = 60) -> None:
         """Start worker ``i`` again (killing it first if it still runs), in a new private
@@ -401,11 +407,10 @@ class LocalCluster:
         self._identify_workers(range(N_WORKERS))
 
     def shutdown(self) -> None:
-        for proc in self._worker_procs:
-            if proc is not None:
-                _kill_group(proc)
+        # workers first (they drain through the head's GCS), then the head
+        _stop_nodes([p for p in self._worker_procs if p is not None])
         if self._head is not None:
-            _kill_group(self._head)
+            _stop_nodes([self._head])
 
     def _check_processes(self) -> None:
         if self._head is not None and self._head.poll() is not None:
