@@ -422,9 +422,9 @@ def open_workspace(out: Path, storage_uri: str, mode: str) -> Workspace:
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    # A cluster we attached to may grow (an autoscaler adds GPU workers on demand): stage
-    # inputs whenever Ray is not the local instance this process started.
-    distributed = mode != "local" or len(nodes) > 1
+    # A cluster we attached to may still grow (an autoscaler adds GPU workers on demand):
+    # there, storage set explicitly also means that inputs are staged.
+    distributed = len(nodes) > 1 or (mode != "local" and bool(storage_uri))
     ws = Workspace(
         Path(out),
         storage_uri,
