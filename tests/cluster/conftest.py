@@ -15,16 +15,23 @@ Coexistence with the session's local Ray instance (``ray_local``, tests/conftest
   writes its ``ray_current_cluster`` address file there, never /tmp/ray/ray_current_cluster,
   which a later plain ``ray.init()`` elsewhere in the suite would otherwise attach to;
 - no ``ray stop`` (it stops every Ray process on the machine): each node is a ``--block``
-  child started in a new session, torn down by terminating its process group;
+  child started in a new session (its own process group), torn down by SIGTERM to that
+  ``ray start`` process (which stops and reaps the node's processes), then SIGKILL to
+  whatever is left in its process group;
 - the pytest process never calls ``ray.init`` for the cluster (it may already be connected
   to ``ray_local``): tests drive the cluster from driver subprocesses, and the fixture reads
   the node table straight from the GCS.
+
+Ray registers every node under the machine's own IP even when started with
+``--node-ip-address=127.0.0.1`` (``node:<ip>`` is the same resource on all three): tell nodes
+apart by node id or by the ``worker_<i>`` resources, never by IP.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -51,7 +58,13 @@ N_WORKERS = 2
 PRIVATE_DIRS = ("runs", "home", "data")
 # Environment variables of the test process that must not leak into the nodes or drivers:
 # they would point them at another cluster or job.
-_STRIP_ENV = ("RAY_ADDRESS", "RAY_JOB_ID", "RAY_RUNTIME_ENV", "RAY_NAMESPACE", "PYTEST_CURRENT_TEST")
+_STRIP_ENV = (
+    "RAY_ADDRESS",
+    "RAY_JOB_ID",
+    "RAY_RUNTIME_ENV",
+    "RAY_NAMESPACE",
+    "PYTEST_CURRENT_TEST",
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -72,8 +85,8 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _stop_nodes(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
-    """Stop nodes: SIGTERM each ``ray start --block`` process group (the node drains and
-    stops its processes), then SIGKILL whatever is left in the groups and below them."""
+    """Stop nodes: SIGTERM each ``ray start --block`` process, which stops and reaps its
+    node's processes, then SIGKILL whatever is left in their process groups or below them."""
     import psutil
 
     trees = []
@@ -83,10 +96,7 @@ def _stop_nodes(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
         except psutil.NoSuchProcess:
             pass
         if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            proc.terminate()
     deadline = time.time() + grace
     for proc in procs:
         try:
@@ -96,7 +106,7 @@ def _stop_nodes(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
     for proc in procs:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
     for p in trees:  # anything that left its group (none expected)
         try:
@@ -108,6 +118,7 @@ def _stop_nodes(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             pass
+    psutil.wait_procs(trees, timeout=10)
 
 
 class WorkerNode(NamedTuple):
@@ -139,7 +150,8 @@ class LocalCluster:
     shared: Path  # visible on every node
     head_node_id: str = ""
     workers: list[WorkerNode] = field(default_factory=list)
-    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)  # for every node and driver
+    s3: S3Server | None = None
     logs: Path = Path()
     _ray_tmp: Path = Path()
     _ports: dict[str, int] = field(default_factory=dict)
@@ -158,6 +170,9 @@ class LocalCluster:
             PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
             MIA_RAY_HOME=str(self.home),
             RAY_USAGE_STATS_ENABLED="0",
+            # SIGTERM stops a node at once (by default Ray 2.60 first drains it for up
+            # to 30 s, waiting on the GCS, which made teardown slow)
+            RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
         )
         env.update(self.extra_env)
         return env
@@ -169,9 +184,9 @@ class LocalCluster:
         Which raylet a driver joins: Ray 2.60 looks for raylet processes on this host, keeps
         those that are alive in the cluster (and match ``_node_ip_address``, ``_temp_dir``
         if given) and, when several match, takes the head node
-        (``ray._private.services.get_node_to_connect_for_driver``). All three nodes share
-        127.0.0.1, so no address could single one out; that rule puts every driver on the
-        head, deterministically, with nothing to set (tested in test_cluster_basics.py).
+        (``ray._private.services.get_node_to_connect_for_driver``). All three nodes share one
+        IP, so no address could single one out; that rule puts every driver on the head,
+        deterministically, with nothing to set (tested in test_cluster_basics.py).
         """
         env = self.node_env()
         env["RAY_ADDRESS"] = self.address
@@ -219,6 +234,7 @@ class LocalCluster:
     def nodes(self) -> list[dict]:
         """Every node the GCS knows (dead ones too): node_id, alive, is_head, resources."""
         from ray._raylet import GcsClient
+        from ray.core.generated.gcs_pb2 import GcsNodeInfo
 
         client = GcsClient(address=self.address)
         out = []
@@ -226,7 +242,7 @@ class LocalCluster:
             out.append(
                 {
                     "node_id": node_id.hex(),
-                    "alive": info.state == 0,  # GcsNodeInfo.ALIVE
+                    "alive": info.state == GcsNodeInfo.ALIVE,
                     "is_head": bool(info.is_head_node),
                     "resources": dict(info.resources_total),
                 }
@@ -323,10 +339,7 @@ class LocalCluster:
             *self._common_args(f"w{i}"),
         ]
         mounts = " && ".join(f"mount -t tmpfs none {getattr(self, d)}" for d in PRIVATE_DIRS)
-        script = (
-            "mount --make-rprivate / 2>/dev/null; "
-            f"{mounts} && exec {' '.join(_shell_quote(a) for a in ray_argv)}"
-        )
+        script = f"mount --make-rprivate / 2>/dev/null; {mounts} && exec {shlex.join(ray_argv)}"
         proc = self._popen(["unshare", "-m", "sh", "-c", script], f"w{i}", self.node_env())
         while len(self._worker_procs) <= i:
             self._worker_procs.append(None)
@@ -369,7 +382,9 @@ class LocalCluster:
         deadline = time.time() + timeout
         while any(n["node_id"] == node_id for n in self.alive_nodes()):
             if time.time() > deadline:
-                raise RuntimeError(f"worker {i} (node {node_id}) still alive {timeout} s after kill")
+                raise RuntimeError(
+                    f"worker {i} (node {node_id}) still alive {timeout} s after kill"
+                )
             time.sleep(0.25)
         _stop_nodes([self._worker_procs[i]], grace=5)
 
@@ -384,12 +399,19 @@ class LocalCluster:
         self._identify_workers([i])
 
     def ensure_healthy(self) -> None:
-        """Restart every worker that is not alive (e.g. a test killed it)."""
+        """Restart every worker that is dead or dying (e.g. a test killed it)."""
+        import psutil
+
         alive = {n["node_id"] for n in self.alive_nodes()}
         if self.head_node_id not in alive:
             raise RuntimeError(f"the head node died; logs under {self.logs}")
         for i, w in enumerate(self.workers):
-            if w.node_id not in alive:
+            try:
+                raylet_ok = psutil.Process(w.raylet_pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                raylet_ok = False
+            # a raylet killed a moment ago may still count as alive in the GCS
+            if w.node_id not in alive or not raylet_ok or self._worker_procs[i].poll() is not None:
                 self.restart_worker(i)
 
     def start(self, timeout: float = 60) -> None:
@@ -413,20 +435,18 @@ class LocalCluster:
             _stop_nodes([self._head])
 
     def _check_processes(self) -> None:
+        """Fail fast when a node process exited while we wait for the cluster."""
         if self._head is not None and self._head.poll() is not None:
             raise RuntimeError(f"the head exited; logs:\n{self._log_tails()}")
+        for i, proc in enumerate(self._worker_procs):
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"worker {i} exited; logs:\n{self._log_tails()}")
 
     def _log_tails(self, n: int = 1500) -> str:
         return "\n".join(
             f"--- {p.name}\n{p.read_text(errors='replace')[-n:]}"
             for p in sorted(self.logs.glob("*.log"))
         )
-
-
-def _shell_quote(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
 
 
 @pytest.fixture(scope="session")
@@ -468,8 +488,13 @@ def local_cluster(s3_server) -> Iterator[LocalCluster]:
     """The session's 3-node cluster (head + 2 workers); torn down at the end of the session."""
     if not RAY.exists():
         pytest.skip(f"{RAY} missing (make setup)")
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) missing: worker nodes need private mount namespaces")
+    # Worker nodes need private mount namespaces: root (CAP_SYS_ADMIN) and util-linux.
+    probe = "mount --make-rprivate / 2>/dev/null; mount -t tmpfs none /mnt"
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "-m", "sh", "-c", probe], capture_output=True).returncode
+    ):
+        pytest.skip("cannot mount a tmpfs in a private mount namespace (unshare -m; needs root)")
     # Short: Ray's unix socket paths (temp dir + session name + sockets/plasma_store) must
     # stay under 108 bytes, which pytest's tmp_path would exceed.
     base = Path(tempfile.mkdtemp(prefix="mia-cl-", dir="/tmp"))
@@ -486,6 +511,7 @@ def local_cluster(s3_server) -> Iterator[LocalCluster]:
         data=dirs["data"],
         shared=dirs["shared"],
         extra_env=dict(s3_server.env),
+        s3=s3_server,
         logs=dirs["logs"],
         _ray_tmp=dirs["ray"],
         _ports={"gcs": gcs, "dashboard": dashboard, "client": client},
