@@ -57,3 +57,4 @@ bench: setup
 	$(VENV)/bin/python bench/lumia_bench.py --target smollm2 --n-samples 96 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/memhunter_bench.py --target smollm2 --pairs 12 --trials 5 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/leakage_bench.py --scale demo --out BENCHMARKS.md
+	$(VENV)/bin/python bench/cluster_bench.py --scale test --out BENCHMARKS.md

@@ -483,18 +483,9 @@ def s3_server() -> Iterator[S3Server]:
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def local_cluster(s3_server) -> Iterator[LocalCluster]:
-    """The session's 3-node cluster (head + 2 workers); torn down at the end of the session."""
-    if not RAY.exists():
-        pytest.skip(f"{RAY} missing (make setup)")
-    # Worker nodes need private mount namespaces: root (CAP_SYS_ADMIN) and util-linux.
-    probe = "mount --make-rprivate / 2>/dev/null; mount -t tmpfs none /mnt"
-    if (
-        shutil.which("unshare") is None
-        or subprocess.run(["unshare", "-m", "sh", "-c", probe], capture_output=True).returncode
-    ):
-        pytest.skip("cannot mount a tmpfs in a private mount namespace (unshare -m; needs root)")
+def start_cluster(s3: S3Server | None = None) -> LocalCluster:
+    """Start a head and ``N_WORKERS`` workers (see the module docstring) and return them;
+    the caller calls ``shutdown()`` and removes ``base``. Also used by bench/cluster_bench.py."""
     # Short: Ray's unix socket paths (temp dir + session name + sockets/plasma_store) must
     # stay under 108 bytes, which pytest's tmp_path would exceed.
     base = Path(tempfile.mkdtemp(prefix="mia-cl-", dir="/tmp"))
@@ -510,18 +501,42 @@ def local_cluster(s3_server) -> Iterator[LocalCluster]:
         home=dirs["home"],
         data=dirs["data"],
         shared=dirs["shared"],
-        extra_env=dict(s3_server.env),
-        s3=s3_server,
+        extra_env=dict(s3.env) if s3 else {},
+        s3=s3,
         logs=dirs["logs"],
         _ray_tmp=dirs["ray"],
         _ports={"gcs": gcs, "dashboard": dashboard, "client": client},
     )
     try:
         cluster.start()
+    except BaseException:
+        cluster.shutdown()
+        shutil.rmtree(base, ignore_errors=True)
+        raise
+    return cluster
+
+
+def can_unshare() -> bool:
+    """Worker nodes need private mount namespaces: root (CAP_SYS_ADMIN) and util-linux."""
+    probe = "mount --make-rprivate / 2>/dev/null; mount -t tmpfs none /mnt"
+    return shutil.which("unshare") is not None and not (
+        subprocess.run(["unshare", "-m", "sh", "-c", probe], capture_output=True).returncode
+    )
+
+
+@pytest.fixture(scope="session")
+def local_cluster(s3_server) -> Iterator[LocalCluster]:
+    """The session's 3-node cluster (head + 2 workers); torn down at the end of the session."""
+    if not RAY.exists():
+        pytest.skip(f"{RAY} missing (make setup)")
+    if not can_unshare():
+        pytest.skip("cannot mount a tmpfs in a private mount namespace (unshare -m; needs root)")
+    cluster = start_cluster(s3_server)
+    try:
         yield cluster
     finally:
         cluster.shutdown()
-        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(cluster.base, ignore_errors=True)
 
 
 @pytest.fixture
