@@ -739,8 +739,17 @@ class SweepConfig:
     labels: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
     max_concurrent: int = 0  # 0 = as many cells as the cluster's CPUs and GPUs hold
+    # Ray custom resources each cell's task asks for (its actors and fine-tunes ask for
+    # resources.custom_resources): e.g. {"sweep_slot": 1}, with nodes started by `ray start
+    # --resources='{"sweep_slot": 1}'`, runs one cell per node.
+    cell_resources: dict[str, float] = field(default_factory=dict)
 
     def validate(self) -> None:
+        bad = {k: v for k, v in self.cell_resources.items() if not v > 0 or not str(k)}
+        if bad:
+            raise MiaError(
+                f"sweep.cell_resources must map resource names to amounts > 0, not {bad}"
+            )
         if bool(self.datasets) != bool(self.models):
             raise MiaError("sweep needs both sweep.datasets and sweep.models (or neither)")
         if self.labels and len(self.labels) != len(self.datasets):

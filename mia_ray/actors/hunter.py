@@ -60,7 +60,8 @@ class Hunter:
             self.load_adapter(adapter)
 
     def load_adapter(self, path: str) -> None:
-        """Use the LoRA adapter saved at ``path`` ("" = the base model alone)."""
+        """Use the LoRA adapter saved at ``path`` ("" = the base model alone): a folder, or
+        the URL of one in storage (:func:`mia_ray.storage.localize`: copied once per node)."""
         if path == self.adapter:
             return
         if self.adapter:
@@ -70,7 +71,10 @@ class Hunter:
         if path:
             from peft import PeftModel
 
-            self.model = PeftModel.from_pretrained(self.base, path).to(self.device).eval()
+            from mia_ray.storage import localize
+
+            local = localize(path)
+            self.model = PeftModel.from_pretrained(self.base, local).to(self.device).eval()
             self.adapter = path
 
     def context(self, x: str) -> list[int]:

@@ -18,21 +18,33 @@ follows the hunter's prompts better than the reference is not flagged.
 Every cached stage (hunter iterations, extraction, Manual / MiniPrompt / plug-in, the dataset
 test's fine-tunes and LCSS values, sweep cells) is keyed on what decides its numbers: the
 models by content (``models.identity``), the pairs' tokens, the options, the adapter's bytes.
+
+On a cluster without a shared disk (``mia_ray.storage``): actors load staged models, the
+fine-tunes (the hunter's, the dataset test's) train in a temp folder of their node and put the
+result into storage, from where the run pulls it into ``--out``; each checkpoint goes to
+storage as it is written; a sweep cell runs on any node with its own workspace, storage's
+``cells/<name>``, and runs again on another node if its node dies, resuming from there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import shutil
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from mia_ray import storage
 from mia_ray.config import MemHunterJobConfig, to_dict
 from mia_ray.errors import MiaError
-from mia_ray.models.identity import model_cfg_key, model_key, tree_sha256
+from mia_ray.models.identity import file_sha256, model_cfg_key, model_key, tree_sha256
 from mia_ray.pipelines.common import (
     check_model_early,
     check_target_early,
@@ -42,7 +54,7 @@ from mia_ray.pipelines.common import (
     resolve_world,
 )
 from mia_ray.registry import pipeline
-from mia_ray.runtime import describe
+from mia_ray.runtime import describe, ray_options
 
 # How a context is built and scored; part of every cache key, so that rows cached by code
 # that built contexts otherwise (before the BOS went in front of p + x) are never reused.
@@ -71,6 +83,46 @@ def _pairs_key(part: pd.DataFrame) -> str:
         [[int(t) for t in v] for v in part["x_ids"]],
         [[int(t) for t in v] for v in part["y_ids"]],
     )
+
+
+def _workspace(out: Path) -> storage.Workspace:
+    """The workspace whose ``local`` holds ``out``: the CLI's run, or a sweep cell's own;
+    outside a run (a test calling ``run`` directly), ``out`` itself on this machine, where
+    every storage call below is a plain path."""
+    ws = storage.current()
+    if ws is not None and _inside(out, ws.local) is not None:
+        return ws
+    return storage.Workspace(Path(out))
+
+
+def _inside(path: str | os.PathLike, folder: Path) -> str | None:
+    """``path`` relative to ``folder`` (posix), or None when it is not inside it."""
+    try:
+        return Path(path).expanduser().resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def _push(path: Path) -> None:
+    """A checkpoint of the run (a file or folder in ``--out``) into storage, where a new
+    driver (or a sweep cell run again) resumes from it; nothing outside a run."""
+    ws = storage.current()
+    if ws is not None and _inside(path, ws.local) is not None:
+        ws.push(path)
+
+
+def _remote(path: str) -> str:
+    """What remote code (an actor, a task) loads for a model or adapter folder ``path`` of
+    this process: on one machine the path itself; on a distributed run, for a folder of the
+    run that remote code put into storage (a fine-tune's output, complete), its URL there,
+    and for anything else what :func:`storage.stage` makes of it (a content-hashed copy)."""
+    ws = storage.current()
+    if ws is None or not ws.distributed or not path:
+        return path
+    rel = _inside(path, ws.local)
+    if rel and Path(path).is_dir() and ws.storage.complete(rel):
+        return ws.url(rel)
+    return ws.stage(path)
 
 
 def _resolve(cfg: MemHunterJobConfig) -> None:
@@ -131,13 +183,19 @@ class TargetPool:
         res, m = cfg.resources, cfg.model
         threads = res.torch_threads or max(1, int(np.ceil(res.cpus_per_actor)))
         remote = ray.remote(TargetLM).options(
-            num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor
+            **ray_options(res, res.cpus_per_actor, res.gpus_per_actor),
+            # An actor whose node died starts again on another node (it loads the model from
+            # storage there) and the call it was serving runs again: scoring and GCG read
+            # nothing but their arguments, so a retried call gives the same rows.
+            max_restarts=2,
+            max_task_retries=2,
         )
         # The target's revision is the target's: other models (reference, proxy) load their
         # default one, as their cache keys (models.identity.model_cfg_key) say.
         rev = m.revision if path == m.name_or_path else ""
+        name = _remote(path)  # never a path of this node's disk on a cluster
         self.actors = [
-            remote.remote(path, m.device, m.dtype, rev, m.trust_remote_code, threads)
+            remote.remote(name, m.device, m.dtype, rev, m.trust_remote_code, threads)
             for _ in range(max(1, res.scorer_actors))
         ]
         self.pool = ActorPool(self.actors)
@@ -175,12 +233,21 @@ class TargetPool:
             ray.kill(a)
 
 
-def _finetune_task(model, adapter_in, rows, out_dir, spec, seed, xs, separator, max_x, threads):
+def _finetune_task(model, adapter_in, rows, root, rel, spec, seed, xs, separator, max_x, threads):
+    """One iteration's LoRA fine-tune of the hunter, on whichever node Ray gives it: it trains
+    into a temp folder of that node and puts the adapter into storage (``root``/``rel``, its
+    completion marker last); the driver pulls it from there. Returns the training record."""
     from mia_ray.train.hunter import finetune_hunter
 
-    return finetune_hunter(
-        model, adapter_in, rows, out_dir, spec, seed, xs, separator, max_x, threads
-    )
+    tmp = tempfile.mkdtemp(prefix="mia-hunter-adapter-")
+    try:
+        record = finetune_hunter(
+            model, adapter_in, rows, tmp, spec, seed, xs, separator, max_x, threads
+        )
+        storage.open_storage(root).put_dir(tmp, rel)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return record
 
 
 def _hunter_dir(cfg, out: Path, train: pd.DataFrame) -> tuple[Path, dict]:
@@ -201,16 +268,25 @@ def _train(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path) -> d
     spec = h
     train = pairs[pairs["split"] == "train"]
     xs = dict(zip(train["pair_id"], train["x"], strict=True))
-    task = ray.remote(_finetune_task).options(num_cpus=h.train_cpus, num_gpus=h.train_gpus)
+    task = ray.remote(_finetune_task).options(
+        **ray_options(cfg.resources, h.train_cpus, h.train_gpus),
+        # A fine-tune whose node died runs again elsewhere (Ray's retries of system
+        # failures): it writes only its own temp folder, then storage, marker last.
+        max_retries=3,
+    )
     threads = max(1, int(np.ceil(h.train_cpus)))
+    ws = _workspace(out)
 
     def finetune(adapter_in, rows, out_dir, seed):
-        return ray.get(
+        rel = _inside(out_dir, ws.local)
+        record = ray.get(
             task.remote(
-                h.model, adapter_in, rows, out_dir, spec, seed, xs, h.separator, h.max_x_tokens,
-                threads,
+                _remote(h.model), _remote(adapter_in), rows, ws.url(), rel, spec, seed, xs,
+                h.separator, h.max_x_tokens, threads,
             )
         )  # fmt: skip
+        ws.pull(rel)  # the adapter, into out_dir
+        return record
 
     d, identity = _hunter_dir(cfg, out, train)
     log(f"hunter: training on {len(train)} pairs, {h.iterations} iterations ({d})")
@@ -266,6 +342,7 @@ def _extract(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path, ad
         df = pd.concat(rows, ignore_index=True)
         cols = ["split", "budget", "pair_id", "trial", "prompt", "out_ids", "mu", "loss", "round_s"]
         write_parquet(f, df[cols])
+        _push(f)
         frames.append(df[cols])
     return pd.concat(frames, ignore_index=True)
 
@@ -282,6 +359,8 @@ def _stage(out: Path, name: str, fp: str, compute) -> tuple[list[dict], pd.DataF
     rows, frame = compute()
     write_parquet(data, frame)
     write_json(meta, {"fingerprint": fp, "rows": rows})
+    _push(data)
+    _push(meta)  # last: a new driver that finds it finds the data too
     return rows, frame
 
 
@@ -474,11 +553,22 @@ def _finetune_spec(epochs: float, lr: float):
     return FinetuneSpec(epochs=epochs, lr=lr, target_modules=())
 
 
-def _finetune_model_task(texts, base, out_dir, epochs, lr, seed, threads):
+def _finetune_model_task(texts, base, root, rel, epochs, lr, seed, threads):
+    """A dataset-test fine-tune (the proxy, ``@finetune:...``) on whichever node Ray gives it:
+    the model is saved into a temp folder of that node, then put into storage
+    (``root``/``rel``, its completion marker last). Returns the training record."""
     from mia_ray.train.lm import finetune_causal_lm
 
     spec = _finetune_spec(epochs, lr)
-    return finetune_causal_lm(texts, base, out_dir, spec, seed=seed, threads=threads)
+    tmp = tempfile.mkdtemp(prefix="mia-finetune-")
+    try:
+        record = finetune_causal_lm(
+            texts, storage.localize(base), tmp, spec, seed=seed, threads=threads
+        )
+        storage.open_storage(root).put_dir(tmp, rel)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return record
 
 
 def _named_model(cfg, name: str) -> str | None:
@@ -505,55 +595,66 @@ def _named_model(cfg, name: str) -> str | None:
     return name
 
 
-def _finetune_key(cfg, which: str, texts: list[str]) -> str:
+def _finetune_key(cfg, which: str, texts: list[str], base: str | None = None) -> str:
     """A dataset-test fine-tune by what decides its weights: the base model's content, the
-    recipe, the seed and the documents."""
+    recipe, the seed and the documents. ``base``: where the base model is, when not where
+    ``dataset_test.base`` names it (a sweep cell's copy on its node)."""
     from dataclasses import asdict
 
     d = cfg.dataset_test
-    base = _named_model(cfg, d.base)
+    base = base or _named_model(cfg, d.base)
     if base is None:
         raise MiaError(f"dataset_test.base cannot be {d.base}: fine-tune an existing model")
     return fingerprint(which, model_key(base), asdict(_finetune_spec(d.finetune_epochs,
                        d.finetune_lr)), d.finetune_seed, texts)  # fmt: skip
 
 
-def _model_paths(cfg, docs_by_label: dict[int, list[str]], out: Path) -> dict[str, str]:
+def _model_paths(
+    cfg, docs_by_label: dict[int, list[str]], out: Path, named: dict[str, str] | None = None
+) -> dict[str, str]:
     """Every model the dataset test names -> a path; ``@finetune:...`` models are trained
-    here once (a Ray task each) and reused from ``out/models`` while their key holds."""
+    here once (a Ray task each, which puts the model into storage; the run pulls it into
+    ``out/models``) and reused while their key holds. ``named``: names already resolved
+    (a sweep cell's copies of the driver's models on its node)."""
     import ray
 
     d = cfg.dataset_test
+    named = named or {}
     names = [*d.suspects, d.reference, d.proxy]
     paths: dict[str, str] = {}
     # The target actors are gone by now: a fine-tune may take what they and the hunter held.
     res = cfg.resources
     cpus = max(1, res.scorer_actors) * res.cpus_per_actor + cfg.hunter.train_cpus
     threads = max(1, int(cpus))
-    task = ray.remote(_finetune_model_task).options(num_cpus=cpus, num_gpus=cfg.hunter.train_gpus)
+    task = ray.remote(_finetune_model_task).options(
+        **ray_options(res, cpus, cfg.hunter.train_gpus),
+        # Run again elsewhere if its node dies: it writes its temp folder, then storage.
+        max_retries=3,
+    )
+    ws = _workspace(out)
     for name in dict.fromkeys(names):
-        path = _named_model(cfg, name)
+        path = named.get(name) or _named_model(cfg, name)
         if path is not None:
             if name.startswith("@world:") and not (Path(path) / "config.json").is_file():
                 raise MiaError(f"dataset_test: {name}: the demo world has no model {path}")
             if not name.startswith("@"):
-                check_model_early(name, "dataset_test model")
+                check_model_early(path, "dataset_test model")
             paths[name] = path
             continue
         which = name.split(":", 1)[1]
-        base = _named_model(cfg, d.base)
+        base = named.get(d.base) or _named_model(cfg, d.base)
         texts = docs_by_label[1 if which == "members" else 0]
-        dest = out / "models" / f"finetune-{which}-{_finetune_key(cfg, which, texts)}"
-        if not (dest / "training.json").is_file():
+        dest = out / "models" / f"finetune-{which}-{_finetune_key(cfg, which, texts, base)}"
+        rel = _inside(dest, ws.local)
+        if not ws.storage.complete(rel):
             log(f"dataset test: fine-tuning {base} on {len(texts)} {which} documents")
-            tmp = dest.with_name(dest.name + ".tmp")
             ray.get(
                 task.remote(
-                    texts, base, str(tmp), d.finetune_epochs, d.finetune_lr, d.finetune_seed,
-                    threads,
+                    texts, _remote(base), ws.url(), rel, d.finetune_epochs, d.finetune_lr,
+                    d.finetune_seed, threads,
                 )
             )  # fmt: skip
-            tmp.replace(dest)
+        ws.pull(rel)
         paths[name] = str(dest)
     return paths
 
@@ -607,7 +708,15 @@ def _test_row(kind: str, suspect: str, against: str, fn, *args, alpha: float) ->
     }
 
 
-def _dataset_test(cfg, hunter, pairs: pd.DataFrame, trials: pd.DataFrame, docs_by_label, out: Path):
+def _dataset_test(
+    cfg,
+    hunter,
+    pairs: pd.DataFrame,
+    trials: pd.DataFrame,
+    docs_by_label,
+    out: Path,
+    named: dict[str, str] | None = None,
+):
     """Each model's LCSS on the member pairs of ``dataset_test.split`` and on the nonmember
     pairs (best of ``trials`` hunter prompts, the same prompts for every model), then per
     suspect: the paper's t-test vs the proxy (unpaired Welch, reported as the paper's), the
@@ -620,7 +729,7 @@ def _dataset_test(cfg, hunter, pairs: pd.DataFrame, trials: pd.DataFrame, docs_b
     part = pairs[pairs["split"] == d.split]
     if len(part) < 2:
         raise MiaError(f"dataset_test: the {d.split} split has {len(part)} pairs; need at least 2")
-    paths = _model_paths(cfg, docs_by_label, out)
+    paths = _model_paths(cfg, docs_by_label, out, named)
     splits = [d.split] + (["nonmember"] if (pairs["split"] == "nonmember").sum() >= 2 else [])
     probes = pd.concat([_probes(cfg, hunter, pairs, trials, s) for s in splits], ignore_index=True)
     probe_key = fingerprint(
@@ -645,6 +754,7 @@ def _dataset_test(cfg, hunter, pairs: pd.DataFrame, trials: pd.DataFrame, docs_b
             finally:
                 pool.close()
             write_parquet(f, res)
+            _push(f)
         lcss[name] = res.groupby(["split", "pair_id"])["mu"].max().sort_index()
 
     def on(name: str, split: str) -> pd.Series:
@@ -700,7 +810,15 @@ def _check_resources(cfg: MemHunterJobConfig) -> None:
     import ray
 
     res, h = cfg.resources, cfg.hunter
-    total = ray.cluster_resources()
+    total, where = ray.cluster_resources(), "Ray has"
+    custom = res.custom_resources
+    if custom:  # only the nodes that hold resources.custom_resources take the work
+        total, where = {}, "the nodes with resources.custom_resources have"
+        for n in ray.nodes():
+            own = n.get("Resources", {})
+            if n.get("Alive") and all(own.get(k, 0) >= v for k, v in custom.items()):
+                for kind in ("CPU", "GPU"):
+                    total[kind] = total.get(kind, 0) + own.get(kind, 0)
     for kind, per_actor, train in (
         ("CPU", res.cpus_per_actor, h.train_cpus),
         ("GPU", res.gpus_per_actor, h.train_gpus),
@@ -709,14 +827,16 @@ def _check_resources(cfg: MemHunterJobConfig) -> None:
         if need > total.get(kind, 0) + 1e-9:
             raise MiaError(
                 f"resources: {max(1, res.scorer_actors)} target actors x {per_actor:g} {kind}s + "
-                f"the hunter's fine-tune ({train:g}) need {need:g} {kind}s, but Ray has "
+                f"the hunter's fine-tune ({train:g}) need {need:g} {kind}s, but {where} "
                 f"{total.get(kind, 0):g}: lower resources.scorer_actors, "
                 f"resources.{'cpus' if kind == 'CPU' else 'gpus'}_per_actor or "
                 f"hunter.train_{'cpus' if kind == 'CPU' else 'gpus'}"
             )
 
 
-def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
+def _run(cfg: MemHunterJobConfig, out: Path, named: dict[str, str] | None = None) -> dict[str, Any]:
+    """One MemHunter run into ``out``; ``named``: dataset-test model names already resolved to
+    folders (a sweep cell's copies on its node; see :func:`_model_paths`)."""
 
     from mia_ray.actors.hunter import Hunter
     from mia_ray.data.pairs import bos_prefix
@@ -776,7 +896,7 @@ def _run(cfg: MemHunterJobConfig, out: Path) -> dict[str, Any]:
             plugin = per_pair.to_dict("records")
     finally:
         target.close()
-    hypothesis, dtest = _dataset_test(cfg, hunter, pairs, trials, docs_by_label, out)
+    hypothesis, dtest = _dataset_test(cfg, hunter, pairs, trials, docs_by_label, out, named)
     write_parquet(out / "extraction.parquet", pd.DataFrame(extraction))
     cols = ["method", "split", "pair_id", "mu"]
     write_parquet(
@@ -983,7 +1103,102 @@ def _identity(cfg: MemHunterJobConfig) -> dict[str, Any]:
             "data": data, "scoring": _SCORING}  # fmt: skip
 
 
-def _cell_task(cfg: MemHunterJobConfig, out: str) -> dict:
+def _stage_input(path: str) -> tuple[str, str]:
+    """A driver-local input of a sweep cell, for a cell on any node: ``(where, file name)``.
+    A folder (a model, a data folder) is staged as :func:`storage.stage` does; a file (a
+    documents file, a labels manifest) is put into storage as a folder holding just that
+    file, by content, and the cell finds it at ``localize(where)/<file name>``. Hub names,
+    URIs and anything on a one-machine run pass through (file name "")."""
+    ws = storage.current()
+    if ws is None or not ws.distributed or not path or storage.is_uri(path):
+        return path, ""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        return ws.stage(path), ""
+    import hashlib
+    import json
+
+    # The hash tree_sha256 gives the folder holding just this file (and put_dir its marker).
+    digest = hashlib.sha256(json.dumps([[p.name, file_sha256(p)]]).encode()).hexdigest()
+    rel, store = f"inputs/{digest[:32]}", ws.storage
+    if not store.complete(rel):
+        with tempfile.TemporaryDirectory() as tmp:
+            os.symlink(p.resolve(), Path(tmp) / p.name)
+            store.put_dir(tmp, rel, {"source": p.name})
+    return store.url(rel), p.name
+
+
+def _cell_inputs(c: MemHunterJobConfig) -> dict[str, Any]:
+    """Every driver-local input of a cell, staged (:func:`_stage_input`): its config's model
+    and data fields, and the dataset test's models named by path or ``@world:``."""
+    d = c.dataset_test
+    fields = {
+        "model.name_or_path": c.model.name_or_path,
+        "model.reference": c.model.reference,
+        "hunter.model": c.hunter.model,
+        "data.path": c.data.path,
+        "data.labels": c.data.labels,
+    }
+    named = {}
+    for name in dict.fromkeys([*d.suspects, d.reference, d.proxy, d.base]):
+        if name.startswith("@") and not name.startswith("@world:"):
+            continue  # the model section's own models, or a fine-tune the cell trains
+        named[name] = _stage_input(_named_model(c, name))
+    return {"fields": {k: _stage_input(v) for k, v in fields.items()}, "named": named}
+
+
+def _localize_cell(cfg: MemHunterJobConfig, inputs: dict[str, Any]):
+    """On the cell's node: its inputs as local folders and files (``localize``, cached per
+    node by content). Sets the config's fields; returns the dataset test's names -> folders
+    and each local model folder -> what it was staged as (for the cell's workspace)."""
+    staged: dict[str, str] = {}
+
+    def local(where: str, name: str) -> str:
+        if not where:
+            return where
+        here = storage.localize(where)
+        if name:
+            return str(Path(here) / name)
+        staged[here] = where
+        return here
+
+    for key, (where, name) in inputs["fields"].items():
+        section, attr = key.split(".")
+        setattr(getattr(cfg, section), attr, local(where, name))
+    named = {k: local(*v) for k, v in inputs["named"].items()}
+    return named, staged
+
+
+@dataclass
+class _CellWorkspace(storage.Workspace):
+    """A sweep cell's workspace on its node: ``staged`` maps the cell's local copies of the
+    driver's models to the storage URLs they came from, so that the cell's actors load those
+    (never a second copy staged under the cell)."""
+
+    staged: dict[str, str] = field(default_factory=dict)
+
+    def stage(self, path: str) -> str:
+        return self.staged.get(path) or super().stage(path)
+
+
+def _cell_key(c: MemHunterJobConfig) -> str:
+    """A cell by its config and its inputs' contents, but not by where it runs (the
+    cluster's address, storage, custom resources), which changes no number."""
+    conf = to_dict(c)
+    for key in ("address", "storage", "custom_resources"):
+        conf["resources"].pop(key, None)
+    return fingerprint(conf, _identity(c))
+
+
+def _cell_task(cfg: MemHunterJobConfig, inputs: dict, url: str, distributed: bool) -> dict:
+    """One sweep cell, a whole MemHunter run, on the node Ray gives it. Its workspace: storage
+    ``url`` (``cells/<name>`` of the run's storage) and, as ``--out``, that folder itself
+    when storage is a folder every node mounts (on one machine: the driver's
+    ``--out/cells/<name>``, as always), else a temp folder of this node that starts from what
+    storage holds (a cell run again resumes there) and goes back to storage at the end. The
+    driver pulls the cell from storage. Returns the cell's report and this node's id."""
+    import ray
+
     from mia_ray.runtime import configure_data_context
 
     # No Ray Data bars from a worker: they arrive interleaved with other cells' output and
@@ -991,12 +1206,84 @@ def _cell_task(cfg: MemHunterJobConfig, out: str) -> dict:
     configure_data_context(
         no_progress_timeout_s=cfg.resources.no_progress_timeout_s, progress=False
     )
-    return _run(cfg, Path(out))
+    node = ray.get_runtime_context().get_node_id()
+    named, staged = _localize_cell(cfg, inputs)
+    store = storage.open_storage(url)
+    tmp = None if store.local else tempfile.mkdtemp(prefix="mia-cell-")
+    local = Path(tmp or store.root)
+    local.mkdir(parents=True, exist_ok=True)
+    # The cell is the driver of its own run: reads of its (local) data stay on this node.
+    ws = _CellWorkspace(local, url, distributed, node, staged=staged)
+    before = storage.current()
+    storage.set_current(ws)
+    try:
+        ws.pull()
+        try:
+            report = _run(cfg, local, named)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                ws.push()  # what finished is kept for the cell's next attempt
+            raise
+        ws.push()
+        if ws.mirrored:  # the report files are the cell's results (push leaves reports out)
+            for name in ("report.json", "report.html"):
+                if (local / name).exists():
+                    store.put_file(local / name, name)
+    finally:
+        storage.set_current(before)
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"report": report, "node": node}
+
+
+def _cell_options(cfg: MemHunterJobConfig) -> dict[str, Any]:
+    """Ray options of a cell's task: an orchestrator (no CPU; its work is in actors and
+    tasks), asking for ``resources.custom_resources`` and ``sweep.cell_resources`` (which
+    decide which nodes cells run on and how many share one)."""
+    from ray import exceptions as rx
+
+    opts = ray_options(cfg.resources, 0)
+    custom = {**opts.get("resources", {}), **cfg.sweep.cell_resources}
+    if custom:
+        opts["resources"] = custom
+    # A cell whose node died runs again on another node (Ray retries system failures), and
+    # so does one that raised because a node of its actors or fine-tunes died (and their own
+    # restarts and retries ran out); it resumes from what it put into storage (the hunter's
+    # finished iterations, extraction, stages), so its numbers equal an unbroken run's. A
+    # cell's own errors (bad input: MiaError) are not retried.
+    opts["max_retries"] = 3
+    opts["retry_exceptions"] = [
+        rx.RayActorError,  # ActorDiedError, ActorUnavailableError
+        rx.WorkerCrashedError,
+        rx.NodeDiedError,
+        rx.LocalRayletDiedError,
+        rx.ObjectLostError,  # OwnerDiedError
+    ]
+    return opts
+
+
+def _cell_slots(cell_resources: dict[str, float]) -> int | None:
+    """How many cells ``sweep.cell_resources`` lets run at once across the alive nodes (None
+    when it asks for nothing)."""
+    import ray
+
+    if not cell_resources:
+        return None
+    slots = 0
+    for n in ray.nodes():
+        own = n.get("Resources", {})
+        if n.get("Alive"):
+            slots += int(min(own.get(k, 0) // v for k, v in cell_resources.items()))
+    return slots
 
 
 def _sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
     """Every (dataset, model) cell as a Ray task; the cells' actors and tasks hold the
-    resources, so as many cells run at once as those fit (``sweep.max_concurrent``)."""
+    resources, so as many cells run at once as those fit (``sweep.max_concurrent``, and
+    ``sweep.cell_resources``: e.g. one cell per node). A cell may run on any node: its inputs
+    go through storage (:func:`_cell_inputs`), it works in ``cells/<name>`` of storage
+    (:func:`_cell_task`), and the driver pulls each finished cell into ``out/cells/<name>``,
+    where ``cell.json`` (its key and the node it ran on) marks it done for a rerun."""
     import ray
 
     from mia_ray.reports.io import read_json, write_json
@@ -1009,14 +1296,18 @@ def _sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
     gpus = max(1, res.scorer_actors) * res.gpus_per_actor + cfg.hunter.train_gpus
     if gpus:
         fit = min(fit, int(total.get("GPU", 0) // gpus))
+    slots = _cell_slots(cfg.sweep.cell_resources)
+    if slots is not None:
+        fit = min(fit, slots)
     parallel = cfg.sweep.max_concurrent or max(1, fit)
-    task = ray.remote(_cell_task).options(num_cpus=0)  # an orchestrator: its work is in actors
+    task, opts = ray.remote(_cell_task), _cell_options(cfg)
+    ws = _workspace(out)
     results: dict[tuple[str, str], dict] = {}
     pending: dict[Any, tuple[str, str]] = {}
     todo = []
     for ds, m, c in cells:
         d = out / "cells" / f"{_cell_name(ds)}__{_cell_name(m)}"
-        fp = fingerprint(to_dict(c), _identity(c))
+        fp = _cell_key(c)
         done = d / "cell.json"
         if done.exists() and read_json(done).get("fingerprint") == fp:
             results[(ds, m)] = read_json(d / "report.json")
@@ -1027,11 +1318,18 @@ def _sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
         while todo and len(pending) < parallel:
             ds, m, c, d, fp = todo.pop(0)
             d.mkdir(parents=True, exist_ok=True)
-            pending[task.remote(c, str(d))] = (ds, m, d, fp)
+            # Named by its cell: the dashboard and the state API tell which node runs which.
+            ref = task.options(**opts, name=f"memhunter cell {d.name}").remote(
+                c, _cell_inputs(c), ws.url(d), ws.distributed
+            )
+            pending[ref] = (ds, m, d, fp)
         (ref,), _ = ray.wait(list(pending), num_returns=1)
         ds, m, d, fp = pending.pop(ref)
-        results[(ds, m)] = ray.get(ref)
-        write_json(d / "cell.json", {"fingerprint": fp})
+        got = ray.get(ref)
+        ws.pull(d)  # the cell's folder, from storage
+        results[(ds, m)] = got["report"]
+        write_json(d / "cell.json", {"fingerprint": fp, "node": got["node"]})
+        ws.push(d / "cell.json")  # the cell is done, for a new driver too
         log(f"sweep: cell {_cell_name(ds)} x {_cell_name(m)} done ({len(results)}/{len(cells)})")
     rows, verdicts, power = [], [], []
     for ds, m, _ in cells:

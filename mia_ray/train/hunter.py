@@ -10,7 +10,9 @@ own folder; a rerun resumes after the last finished one, with the same results.
 No Ray here: ``train_hunter`` takes the hunter (an object with ``topk``, ``allowed``,
 ``decode``, ``load_adapter``), a ``score(prompts, x_ids, y_ids) -> (mu, loss)`` callable and
 a ``finetune(adapter_in, rows, out_dir, seed) -> dict`` callable; the pipeline backs them
-with Ray actors and tasks.
+with Ray actors and tasks (``finetune`` leaves the adapter in ``out_dir``). Within a run, each
+checkpoint also goes to the run's storage (:mod:`mia_ray.storage`), so another driver or node
+resumes from it.
 """
 
 from __future__ import annotations
@@ -169,6 +171,22 @@ def _log(msg: str) -> None:
     print(f"[hunter {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _checkpoint(path: Path) -> None:
+    """Copy ``path`` (a file or folder of the run) to the run's storage, where a new driver,
+    or a sweep cell that runs again on another node, resumes from it; outside a run, or for a
+    folder outside the run's ``--out``, nothing."""
+    from mia_ray import storage
+
+    ws = storage.current()
+    if ws is None:
+        return
+    try:
+        Path(path).resolve().relative_to(ws.local.resolve())
+    except ValueError:
+        return
+    ws.push(path)
+
+
 def _iter_dir(out: Path, i: int) -> Path:
     return out / f"iter-{i:02d}"
 
@@ -215,6 +233,7 @@ def train_hunter(
             "--out"
         )
     write_json(meta, settings)
+    _checkpoint(meta)
     base_path = out / "baseline.parquet"
     if base_path.exists():
         baseline = pd.read_parquet(base_path)
@@ -223,6 +242,7 @@ def train_hunter(
         mu, loss = score([""] * n, list(pairs["x_ids"]), list(pairs["y_ids"]))
         baseline = pd.DataFrame({"pair_id": list(pairs["pair_id"]), "mu": mu, "loss": loss})
         write_parquet(base_path, baseline)
+        _checkpoint(base_path)
     start = last_finished(out) + 1
     pool, adapter = empty_pool(), ""
     if start > 0:
@@ -242,9 +262,11 @@ def train_hunter(
         else:
             found = beam_search(hunter, score, pairs, spec, iteration=i)
             write_parquet(d / "search.parquet", found)
+            _checkpoint(d / "search.parquet")
         t_search = time.time() - t0
         pool = update_pool(pool, found, baseline, spec.pool_size, spec.rejection, iteration=i)
         write_parquet(d / "pool.parquet", pool)
+        _checkpoint(d / "pool.parquet")
         t1 = time.time()
         record: dict[str, Any] = {"pool": len(pool)}
         if len(pool):
@@ -265,6 +287,9 @@ def train_hunter(
             }
         )
         write_json(d / "done.json", record)
+        # Last: storage that holds an iteration's done.json holds its pool and adapter (the
+        # ``finetune`` callable's task put the adapter there) too.
+        _checkpoint(d)
         history.append(record)
         _log(
             f"iteration {i + 1}/{spec.iterations}: search mu {record['search_mu_mean']:.3f}, "
@@ -304,13 +329,15 @@ def finetune_hunter(
     from mia_ray.actors.hunter import hunter_context
     from mia_ray.data.pairs import bos_prefix
     from mia_ray.models.hf import load_causal_lm, set_torch_threads
+    from mia_ray.storage import localize
     from mia_ray.train.lm import seed_everything
 
     set_torch_threads(threads)
     seed_everything(seed)
     base, tok, dev = load_causal_lm(model, device)
     if adapter_in:
-        net = PeftModel.from_pretrained(base, adapter_in, is_trainable=True)
+        # An earlier iteration's adapter may be a folder in storage: a local copy of it.
+        net = PeftModel.from_pretrained(base, localize(adapter_in), is_trainable=True)
     else:
         net = get_peft_model(
             base,

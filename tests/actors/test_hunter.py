@@ -97,3 +97,38 @@ def test_the_hunter_reads_x_after_the_bos_its_tokenizer_adds(hunter_path, tmp_pa
     # BOS, then x's last 4 tokens, then the separator: in sampling and in fine-tuning alike.
     assert h.context(XS[1]) == [bos, *x_ids[-4:], *h.sep]
     assert hunter_context(h.tok, XS[1], h.sep, 4) == h.context(XS[1])
+
+
+def test_an_adapter_in_storage_serves_as_its_local_folder(
+    hunter, hunter_path, tmp_path, monkeypatch
+):
+    """An adapter put into storage (pyarrow's mock://, as an object store) by another node's
+    fine-tune: the hunter samples with it, and a fine-tune continues it, exactly as from the
+    folder itself (each node copies it once into its node cache)."""
+    import uuid
+
+    from mia_ray.config import HunterConfig
+    from mia_ray.storage import open_storage
+    from mia_ray.train.hunter import finetune_hunter
+
+    monkeypatch.setenv("MIA_RAY_HOME", str(tmp_path / "home"))
+    pool = pd.DataFrame({"pair_id": ["a", "b"], "prompt_ids": [[464, 3290], [40, 716]]})
+    xs = dict(zip(["a", "b"], XS[:2], strict=True))
+    spec = HunterConfig(epochs=3, lr=5e-3, batch_size=2)
+    finetune_hunter(hunter_path, "", pool, str(tmp_path / "ad"), spec, 0, xs, threads=1)
+    store = open_storage(f"mock:///bucket-{uuid.uuid4().hex[:8]}/run")
+    store.put_dir(tmp_path / "ad", "iter-00/adapter")
+    url = store.url("iter-00/adapter")
+    base = hunter.sample(XS, 4, 8, 1.0, [1, 2, 3])
+    hunter.load_adapter(str(tmp_path / "ad"))
+    local = hunter.sample(XS, 4, 8, 1.0, [1, 2, 3])
+    hunter.load_adapter(url)
+    remote = hunter.sample(XS, 4, 8, 1.0, [1, 2, 3])
+    hunter.load_adapter("")
+    assert remote == local != base
+    # The next iteration's fine-tune continues the adapter from storage as from the folder.
+    for name, adapter_in in (("from-folder", str(tmp_path / "ad")), ("from-storage", url)):
+        finetune_hunter(hunter_path, adapter_in, pool, str(tmp_path / name), spec, 1, xs, threads=1)
+    a = (tmp_path / "from-folder" / "adapter_model.safetensors").read_bytes()
+    b = (tmp_path / "from-storage" / "adapter_model.safetensors").read_bytes()
+    assert a == b

@@ -1,7 +1,9 @@
 """MemHunter end to end on the test world (target tiny, hunter tiny-ref), and the target role
 on a model that memorised its members verbatim."""
 
+import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -357,3 +359,102 @@ def test_every_cache_key_follows_the_models_contents_not_their_paths(tmp_path):
     assert keys()["extraction"] != last["extraction"]
     cfg.model.dtype = "bfloat16"
     assert keys()["hunter"] != last["hunter"] and keys()["lcss_other"] != last["lcss_other"]
+
+
+def test_a_cells_inputs_reach_a_node_that_lacks_the_drivers_disk(tmp_path, monkeypatch):
+    """A sweep cell on another node gets no path of the driver's disk: its models, documents
+    and labels go through storage (pyarrow's mock://, as an object store) and come back on
+    the node as local copies with the same contents, so its cache keys are the driver's."""
+    import uuid
+
+    from mia_ray import storage
+    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.models.identity import tree_sha256
+    from mia_ray.pipelines.memhunter import (
+        _cell_inputs,
+        _CellWorkspace,
+        _localize_cell,
+        _target_key,
+    )
+
+    t, h = _fake_model(tmp_path / "t", b"target"), _fake_model(tmp_path / "h", b"hunter")
+    r, o = _fake_model(tmp_path / "r", b"ref"), _fake_model(tmp_path / "o", b"other")
+    (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "x"}\n')
+    (tmp_path / "labels.json").write_text('{"a": 1}')
+    cfg = load_config(
+        MemHunterJobConfig,
+        None,
+        [f"model.name_or_path={t}", f"model.reference={r}", f"hunter.model={h}",
+         f"data.path={tmp_path / 'docs.jsonl'}", f"data.labels={tmp_path / 'labels.json'}",
+         f'dataset_test.suspects=["@target", "{o}"]', 'dataset_test.proxy="@target"'],
+    )  # fmt: skip
+    uri = f"mock:///bucket-{uuid.uuid4().hex[:8]}/run"
+    storage.set_current(storage.Workspace(tmp_path / "out", uri, distributed=True))
+    try:
+        inputs = _cell_inputs(cfg)
+    finally:
+        storage.set_current(None)
+    # Nothing the cell loads is on the driver's disk (a model named by path keeps its name).
+    assert str(tmp_path) not in json.dumps([inputs["fields"], list(inputs["named"].values())])
+    # On the node (its own home, its own node cache):
+    monkeypatch.setenv("MIA_RAY_HOME", str(tmp_path / "node"))
+    cell = copy.deepcopy(cfg)
+    named, staged = _localize_cell(cell, inputs)
+    cache = tmp_path / "node" / "node-cache"
+    for mine, theirs in ((cell.model.name_or_path, t), (cell.model.reference, r),
+                         (cell.hunter.model, h), (named[o], o)):  # fmt: skip
+        assert Path(mine).parent == cache and tree_sha256(mine) == tree_sha256(theirs)
+    assert Path(cell.data.path).read_text() == (tmp_path / "docs.jsonl").read_text()
+    assert Path(cell.data.labels).name == "labels.json" and Path(cell.data.labels).is_file()
+    assert _target_key(cell) == _target_key(cfg) and _target_key(cell, named[o]) == _target_key(
+        cfg, o
+    )
+    # The cell's actors load what was staged, not a second copy staged under the cell.
+    ws = _CellWorkspace(tmp_path / "cell", f"{uri}/cells/c", True, "", staged=staged)
+    assert ws.stage(cell.model.name_or_path) == inputs["fields"]["model.name_or_path"][0]
+    assert not ws.storage.files()
+    # On one machine nothing is staged: the cell reads the driver's paths, as always.
+    storage.set_current(storage.Workspace(tmp_path / "out"))
+    try:
+        local = _cell_inputs(cfg)
+    finally:
+        storage.set_current(None)
+    assert local["fields"]["model.name_or_path"] == (t, "")
+    assert local["fields"]["data.path"] == (str(tmp_path / "docs.jsonl"), "")
+
+
+def test_cell_tasks_ask_for_cell_resources_and_retry_after_a_node_death():
+    from ray import exceptions as rx
+
+    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.errors import MiaError
+    from mia_ray.pipelines.memhunter import _cell_options
+
+    sets = ["model.name_or_path=t", "hunter.model=h", "data.path=d",
+            "resources.custom_resources={gpu_node: 1}"]  # fmt: skip
+    cfg = load_config(MemHunterJobConfig, None, sets)
+    assert _cell_options(cfg)["resources"] == {"gpu_node": 1}
+    cfg = load_config(MemHunterJobConfig, None, [*sets, "sweep.cell_resources={slot: 1}"])
+    opts = _cell_options(cfg)
+    assert opts["num_cpus"] == 0 and opts["resources"] == {"gpu_node": 1, "slot": 1}
+    assert opts["max_retries"] >= 1
+    retried = tuple(opts["retry_exceptions"])
+    assert issubclass(rx.ActorDiedError, retried) and issubclass(rx.NodeDiedError, retried)
+    assert not issubclass(MiaError, retried)
+    with pytest.raises(MiaError, match="sweep.cell_resources must map resource names"):
+        load_config(MemHunterJobConfig, None, [*sets, "sweep.cell_resources={slot: 0}"])
+
+
+def test_custom_resources_that_no_node_holds_fail_clearly(ray_local):
+    """Actors and fine-tunes that ask for resources.custom_resources fit only on the nodes
+    that hold them: counted there, not over the whole cluster (else they would wait forever)."""
+    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.errors import MiaError
+    from mia_ray.pipelines.memhunter import _check_resources
+
+    sets = ["model.name_or_path=t", "hunter.model=h", "data.path=d"]
+    _check_resources(load_config(MemHunterJobConfig, None, sets))
+    cfg = load_config(MemHunterJobConfig, None, [*sets, "resources.custom_resources={gpu_node: 1}"])
+    with pytest.raises(MiaError, match="need 2 CPUs, but the nodes with resources.custom_"
+                       "resources have 0: lower"):  # fmt: skip
+        _check_resources(cfg)

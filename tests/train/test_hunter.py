@@ -160,6 +160,47 @@ def test_interrupted_training_resumes_to_the_same_pool(tmp_path):
     assert again["iterations"] == full["iterations"]
 
 
+def test_each_checkpoint_reaches_storage_and_another_driver_resumes_from_it(tmp_path):
+    """Within a run whose storage is elsewhere (an object store: pyarrow's mock://), every
+    iteration goes to storage as it finishes, its done.json last; a new driver whose --out is
+    empty pulls storage and resumes after the last finished iteration."""
+    import uuid
+
+    from mia_ray import storage
+
+    spec = HunterConfig(prompt_tokens=3, top_k=3, beams=2, iterations=2, temperature=0.5)
+    uri = f"mock:///bucket-{uuid.uuid4().hex[:8]}/run"
+    first = storage.Workspace(tmp_path / "out", uri, distributed=True)
+    pushed = []
+    push = first.push
+    first.push = lambda rel="": pushed.append(str(rel)) or push(rel)
+    storage.set_current(first)
+    try:
+        out = tmp_path / "out" / "hunter"
+        train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(), out, spec,
+                     stop_after=0)  # fmt: skip
+    finally:
+        storage.set_current(None)
+    names = set(first.storage.files())
+    assert {"hunter/settings.json", "hunter/baseline.parquet", "hunter/iter-00/search.parquet",
+            "hunter/iter-00/pool.parquet", "hunter/iter-00/done.json"} <= names  # fmt: skip
+    assert not any(n.startswith("hunter/iter-01") for n in names)
+    # The iteration's folder goes last, after its search and pool: its done.json with it.
+    assert pushed[-1] == str(out / "iter-00")
+    assert pushed.index(str(out / "iter-00" / "pool.parquet")) < len(pushed) - 1
+    # Another driver, its --out empty, the same storage: it resumes after iteration 0.
+    second = storage.Workspace(tmp_path / "elsewhere", uri, distributed=True)
+    assert second.pull() == len(names)
+    log = []
+    rest = train_hunter(CountingHunter(), secret_score, _fake_finetune(log), _pairs(),
+                        tmp_path / "elsewhere" / "hunter", spec)  # fmt: skip
+    assert rest["finished"] and [r["iteration"] for r in rest["iterations"]] == [0, 1]
+    assert len(log) == 1  # iteration 1's fine-tune only
+    # Outside a run nothing is pushed anywhere.
+    train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(), tmp_path / "x", spec)
+    assert set(first.storage.files()) == names
+
+
 def test_other_settings_in_the_same_folder_are_refused(tmp_path):
     spec = HunterConfig(prompt_tokens=2, top_k=2, beams=1, iterations=1)
     train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(), tmp_path, spec)
