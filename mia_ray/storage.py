@@ -455,7 +455,7 @@ def check_visible(ws: Workspace, nodes: list[dict], explicit: bool) -> None:
             f"resources.storage {redact(ws.storage_uri)} cannot be written from the driver: "
             f"{str(e).splitlines()[0][:200]}"
         ) from None
-    probe = ray.remote(_sees).options(num_cpus=0, max_retries=0)
+    probe = ray.remote(num_cpus=0, max_retries=0)(_sees)
     refs = {
         n["NodeID"]: probe.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)

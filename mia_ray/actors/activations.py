@@ -69,7 +69,7 @@ class ActivationReader:
     """``Dataset.map_batches(ActivationReader, fn_constructor_kwargs=..., batch_format="pandas")``.
 
     Input rows carry ``snippet_id``, ``text`` and, for a vision-language model, ``image``
-    (a path). Output rows carry ``snippet_id``, ``n_tokens`` and one float32 (hidden,)
+    (a path, or the image file's bytes). Output rows carry ``snippet_id``, ``n_tokens`` and one float32 (hidden,)
     array per part and layer, in column ``{part}.{layer}``.
     """
 
@@ -153,19 +153,23 @@ class ActivationReader:
         ids = self.tok(text, add_special_tokens=False, truncation=True, max_length=self.max_length)
         return self.tok.decode(ids["input_ids"])
 
-    def _image_text_pass(self, text: str, image: str) -> tuple[int, dict[str, np.ndarray]]:
+    def _image_text_pass(self, text: str, image: str | bytes) -> tuple[int, dict[str, np.ndarray]]:
         """One sample: LLaVA-OneVision splits an image into a variable number of crops, so
-        samples are not batched (each vision pass then belongs to exactly one sample)."""
+        samples are not batched (each vision pass then belongs to exactly one sample).
+        ``image``: a path, or the file's bytes (read where the file is, on a cluster)."""
+        import io
+
         from PIL import Image
 
         token = getattr(self.processor, "image_token", "<image>")
         text = self._crop(text)
         prompt = text if token in text else f"{token}\n{text}"
         try:
-            with Image.open(image) as im:
+            with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as im:
                 pixels = im.convert("RGB")
         except (OSError, ValueError) as e:
-            raise MiaError(f"image {image} does not load: {e}") from None
+            what = f"of {len(image)} bytes" if isinstance(image, bytes) else image
+            raise MiaError(f"image {what} does not load: {e}") from None
         enc = self.processor(images=pixels, text=prompt, return_tensors="pt")
         enc = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in enc.items()}
         if "pixel_values" in enc and enc["pixel_values"].is_floating_point():
@@ -181,7 +185,9 @@ class ActivationReader:
                 )
             n_tokens, per_layer = [], {}
             for text, image in zip(texts, batch["image"], strict=True):
-                n, sums = self._image_text_pass(text, str(image))
+                n, sums = self._image_text_pass(
+                    text, image if isinstance(image, bytes) else str(image)
+                )
                 n_tokens.append(n)
                 for key, vec in sums.items():
                     per_layer.setdefault(key, []).append(vec[0])

@@ -73,7 +73,10 @@ class LocalHFBackend(Backend):
                 f"model {model!r} has no fast tokenizer: the continuation's tokens are found "
                 "from character offsets, which only fast tokenizers give"
             )
-        self.name = f"hf:{model}"
+        from mia_ray.storage import redact
+
+        # ``model`` may be a staged storage URL (mia_ray.storage.localize): no credentials in it.
+        self.name = f"hf:{redact(model)}"
         self.batch_size = batch_size
         cfg = self.model.config.get_text_config()
         limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)

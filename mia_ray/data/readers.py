@@ -128,7 +128,14 @@ def read_documents(
             (fields.date, fields.has_date),
         ]
         columns = [fields.text] + [name for name, has in optional if has]
-        ds = ray.data.read_parquet(paths, include_paths=True, **pinned).select_columns([*columns, "path"])
+        if pinned:
+            # Ray Data's read_parquet reads the files' footers in actors of its own, which
+            # ray_remote_args does not place: read them in the pinned read tasks instead.
+            source = _parquet_datasource_class()(paths, columns=columns)
+            ds = ray.data.read_datasource(source, **pinned)
+        else:
+            ds = ray.data.read_parquet(paths, include_paths=True)
+            ds = ds.select_columns([*columns, "path"])
         ds = ds.map_batches(
             _normalize_parquet,
             fn_kwargs={"base": str(base), "fields": fields},
@@ -583,6 +590,35 @@ def _jsonl_datasource_class():
 
         _JSONL_CLASS = JsonlDatasource
     return _JSONL_CLASS
+
+
+_PARQUET_CLASS = None
+
+
+def _parquet_datasource_class():
+    """Parquet files read whole by each read task (``columns`` and a ``path`` column), for
+    read tasks pinned to the node that has the files (see :func:`read_documents`)."""
+    global _PARQUET_CLASS
+    if _PARQUET_CLASS is None:
+        from ray.data.datasource import FileBasedDatasource
+
+        class ParquetFilesDatasource(FileBasedDatasource):
+            def __init__(self, paths, *, columns: list[str]):
+                super().__init__(paths)
+                self._columns = columns
+
+            def _read_stream(self, f, path: str):
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                # The stream is not seekable; a footer is read from the end of the file.
+                pf = pq.ParquetFile(pa.BufferReader(f.read()))
+                for batch in pf.iter_batches(batch_size=_ROWS_PER_BLOCK, columns=self._columns):
+                    table = pa.Table.from_batches([batch])
+                    yield table.append_column("path", pa.array([path] * len(table), pa.string()))
+
+        _PARQUET_CLASS = ParquetFilesDatasource
+    return _PARQUET_CLASS
 
 
 def _normalize_parquet(table, base: str, fields: _Fields):

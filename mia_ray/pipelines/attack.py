@@ -42,9 +42,15 @@ def _score_pool(
     """Stream snippets through one Scorer pool, resumably (see ``resumable_map``)."""
     import ray
 
+    from mia_ray import storage
     from mia_ray.actors.scorer import Scorer
+    from mia_ray.runtime import ray_options
 
     threads = res_cfg.torch_threads or max(1, int(np.ceil(res_cfg.cpus_per_actor)))
+    # A model folder of the driver reaches the actors through storage (a no-op on one node).
+    # Lost actors (a node that dies) are restarted and their batches retried by Ray Data's
+    # own defaults for actor pools (max_restarts=-1, max_task_retries=-1): nothing to set.
+    model = storage.stage(model)
 
     def mapper(todo):
         return todo.select_columns(["snippet_id", "text"]).map_batches(
@@ -65,8 +71,7 @@ def _score_pool(
             batch_size=model_cfg.batch_size,
             batch_format="pandas",
             compute=ray.data.ActorPoolStrategy(size=res_cfg.scorer_actors),
-            num_cpus=res_cfg.cpus_per_actor,
-            num_gpus=res_cfg.gpus_per_actor,
+            **ray_options(res_cfg, res_cfg.cpus_per_actor, res_cfg.gpus_per_actor),
         )
 
     return resumable_map(snippets, out_dir, fp, mapper, out_dir.name)

@@ -214,6 +214,7 @@ def resumable_map(
 def snippets_of(docs, data_cfg, model_path: str):
     """Documents (a Ray Dataset with doc_id, text) -> snippets as configured in ``data_cfg``
     (lazy); token snippets use ``model_path``'s tokenizer."""
+    from mia_ray import storage
     from mia_ray.data.snippets import make_snippets
 
     return make_snippets(
@@ -222,5 +223,6 @@ def snippets_of(docs, data_cfg, model_path: str):
         size=data_cfg.snippet_size,
         min_size=data_cfg.min_snippet_size,
         max_per_doc=data_cfg.max_snippets_per_doc,
-        tokenizer_path=model_path if data_cfg.snippet_unit == "tokens" else None,
+        # The snippet tasks load the tokenizer on any node: a driver folder goes by storage.
+        tokenizer_path=storage.stage(model_path) if data_cfg.snippet_unit == "tokens" else None,
     )

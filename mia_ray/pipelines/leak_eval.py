@@ -295,9 +295,11 @@ def run_eval(cfg: LeakageJobConfig, found: pd.DataFrame, out: Path) -> dict[str,
     """Instances, then every target in turn; returns ``{"instances", "models": {name: ...}}``."""
     import ray
 
+    from mia_ray import storage
     from mia_ray.actors.backend import BackendActor
     from mia_ray.features.leaks import DETECTION_HEADER, REFUSALS
     from mia_ray.reports.io import read_json, write_json, write_parquet
+    from mia_ray.runtime import ray_options
 
     inst = instances(cfg, found)
     if inst.empty:
@@ -333,11 +335,15 @@ def run_eval(cfg: LeakageJobConfig, found: pd.DataFrame, out: Path) -> dict[str,
             spec["base_url"], stop = serve_in_thread(path, device=b.device, dtype=b.dtype)
             spec["kind"] = "openai"
         log(f"eval: {name} ({path}) through the {spec['kind']} backend")
-        actor = (
-            ray.remote(BackendActor)
-            .options(num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor)
-            .remote(spec)
-        )
+        if spec["kind"] == "local":
+            # The model loads in the actor, wherever Ray puts it: a driver folder goes by storage.
+            spec["model"] = storage.stage(path)
+            opts = ray_options(res, res.cpus_per_actor, res.gpus_per_actor)
+        else:
+            # An API client holds no model, but its answer cache is in --out and a served
+            # model listens on the driver's loopback: it runs on the driver's node.
+            opts = {"num_cpus": res.cpus_per_actor, "num_gpus": 0, **storage.node_affinity()}
+        actor = ray.remote(BackendActor).options(**opts).remote(spec)
         try:
             rows = _model_rows(cfg, actor, inst)
         finally:
@@ -348,6 +354,7 @@ def run_eval(cfg: LeakageJobConfig, found: pd.DataFrame, out: Path) -> dict[str,
             write_parquet(d / f"{k}.parquet", frame)
         summary = {"model": path, **summarize(cfg, rows)}
         write_json(meta, {"fingerprint": fp, "summary": summary})
+        storage.push(d)  # a finished model: a new driver's rerun reuses it
         models[name] = summary
     counts = inst[inst["label"] == 1].groupby("category").size().to_dict()
     return {"instances": {k: int(v) for k, v in counts.items()}, "models": models}

@@ -136,20 +136,46 @@ def _stores(cfg: LeakageJobConfig, out: Path) -> dict[str, str]:
     return stores
 
 
+def _store_urls(stores: dict[str, str]) -> dict[str, str]:
+    """Where the scanner actors read the stores: storage every node reaches (pushed there
+    first); outside a run, or on one node with storage = ``--out``, the paths themselves."""
+    from mia_ray import storage
+
+    ws = storage.current()
+    if ws is None:
+        return stores
+    for path in stores.values():
+        ws.push(path)
+    return {c: ws.url(path) for c, path in stores.items()}
+
+
 # ------------------------------------------------------------------------ scanning
 
 
+def _load_store(where: str):
+    """A :class:`ShingleStore` from its file: a local path, or a storage URL (``s3://...``)."""
+    import io
+
+    from mia_ray.features.shingles import ShingleStore
+    from mia_ray.storage import is_uri, open_storage
+
+    if not is_uri(where):
+        return ShingleStore.load(where)
+    plain, _, query = where.partition("?")
+    folder, _, name = plain.rpartition("/")
+    data = open_storage(folder + (f"?{query}" if query else "")).read_bytes(name)
+    return ShingleStore.load(io.BytesIO(data))
+
+
 class LeakScanner:
-    """One scanner actor: loads the stores once, then per batch of documents returns one row
-    per document (``doc_id``, ``shard``, ``chars``, ``bytes``, ``words``, ``findings``: a
-    JSON list)."""
+    """One scanner actor: loads the stores once (``stores``: category -> a path or a storage
+    URL of its file), then per batch of documents returns one row per document (``doc_id``,
+    ``shard``, ``chars``, ``bytes``, ``words``, ``findings``: a JSON list)."""
 
     def __init__(
         self, stores: dict[str, str], pii_types: list[str], names: bool, instance_words: int = 64
     ):
-        from mia_ray.features.shingles import ShingleStore
-
-        self.stores = {c: ShingleStore.load(p) for c, p in stores.items()}
+        self.stores = {c: _load_store(p) for c, p in stores.items()}
         self.pii_types = pii_types or None
         self.names = names
         self.instance_words = instance_words
@@ -198,7 +224,9 @@ def _scan_pass(cfg: LeakageJobConfig, stores: dict[str, str], todo, parts) -> No
     load the stores once per pass); each shard's rows are written when the pass ends."""
     import ray
 
+    from mia_ray import storage
     from mia_ray.data.readers import read_documents
+    from mia_ray.runtime import ray_options
 
     s = cfg.scan
     t0 = time.monotonic()
@@ -213,13 +241,13 @@ def _scan_pass(cfg: LeakageJobConfig, stores: dict[str, str], todo, parts) -> No
     res = ds.map_batches(
         LeakScanner,
         fn_constructor_kwargs={
-            "stores": stores,
+            "stores": _store_urls(stores),
             "pii_types": s.pii_types,
             "names": s.names,
             "instance_words": s.instance_words,
         },
         compute=ray.data.ActorPoolStrategy(size=s.workers),
-        num_cpus=s.cpus_per_worker,
+        **ray_options(cfg.resources, s.cpus_per_worker),
         batch_size=s.batch_size,
         batch_format="pandas",
     )
@@ -231,6 +259,7 @@ def _scan_pass(cfg: LeakageJobConfig, stores: dict[str, str], todo, parts) -> No
         tmp = parts[name].with_name(parts[name].name + ".tmp")
         part.to_parquet(tmp, index=False)
         tmp.replace(parts[name])
+        storage.push(parts[name])  # a finished shard: a new driver's rerun skips it
         log(f"shard {name}: {len(part)} documents, {part['bytes'].sum() / 1e6:.2f} MB")
     log(
         f"scanned {len(df)} documents, {df['bytes'].sum() / 1e6:.2f} MB in {dt:.1f} s "
@@ -243,9 +272,11 @@ def _scan(cfg: LeakageJobConfig, stores: dict[str, str], out: Path) -> pd.DataFr
     pool each; one parquet file per shard, so a rerun (or a resumed run) skips finished ones."""
     s, c = cfg.scan, cfg.crawl
     # Everything a shard's rows depend on: the stores (their file names carry their own
-    # key), the scanner's settings and row format, the fields read, the shard's bytes.
+    # key; not their folder, so a new driver whose --out is elsewhere resumes), the
+    # scanner's settings and row format, the fields read, the shard's bytes.
+    names = {category: Path(path).name for category, path in stores.items()}
     key = fingerprint(
-        SCAN_FORMAT, stores, sorted(s.pii_types), s.names, s.instance_words,
+        SCAN_FORMAT, names, sorted(s.pii_types), s.names, s.instance_words,
         c.text_field, c.id_field,
     )  # fmt: skip
     parts, todo = {}, []

@@ -110,9 +110,11 @@ def _extract(
     """Activation parts, the seconds they took, and the fingerprint they were keyed on."""
     import ray
 
+    from mia_ray import storage
     from mia_ray.actors.activations import ActivationReader
     from mia_ray.models.identity import tree_sha256
     from mia_ray.pipelines.attack import scorer_key
+    from mia_ray.runtime import ray_options
 
     res = cfg.resources
     threads = res.torch_threads or max(1, int(np.ceil(res.cpus_per_actor)))
@@ -127,12 +129,20 @@ def _extract(
         [tree_sha256(p) for p in meta["image"]] if "image" in meta else None,
     )
 
+    # The model folder and the images are on the driver's disk: the readers get the model
+    # through storage and each image's bytes, read on the driver's node (on one node: paths).
+    model = storage.stage(cfg.model.name_or_path)
+    pinned = storage.node_affinity()
+
     def mapper(todo):
         cols = ["snippet_id", "text"] + (["image"] if "image" in meta else [])
-        return todo.select_columns(cols).map_batches(
+        todo = todo.select_columns(cols)
+        if "image" in meta and pinned:
+            todo = todo.map_batches(_read_images, batch_format="pandas", **pinned)
+        return todo.map_batches(
             ActivationReader,
             fn_constructor_kwargs={
-                "model": cfg.model.name_or_path,
+                "model": model,
                 "device": cfg.model.device,
                 "dtype": cfg.model.dtype,
                 "max_length": cfg.model.max_length,
@@ -143,13 +153,17 @@ def _extract(
             batch_size=cfg.model.batch_size,
             batch_format="pandas",
             compute=ray.data.ActorPoolStrategy(size=res.scorer_actors),
-            num_cpus=res.cpus_per_actor,
-            num_gpus=res.gpus_per_actor,
+            **ray_options(res, res.cpus_per_actor, res.gpus_per_actor),
         )
 
     t0 = time.time()
     parts = resumable_map(ds, out / "activations", fp, mapper, "activations", load=False)
     return parts, time.time() - t0, fp
+
+
+def _read_images(batch: pd.DataFrame) -> pd.DataFrame:
+    """The ``image`` column's paths -> the files' bytes (in a task on the driver's node)."""
+    return batch.assign(image=[Path(p).read_bytes() for p in batch["image"]])
 
 
 def _probe_task(X, y, groups, splits, kinds, seed, val_fraction, mlp_params):
@@ -177,6 +191,7 @@ def _train_probes(
 
     from mia_ray.actors.activations import load_layer, parse_column
     from mia_ray.reports.io import read_json
+    from mia_ray.runtime import ray_options
 
     names = [c for c in pq.read_schema(parts[0]).names if parse_column(c)]
     names.sort(key=lambda c: (parse_column(c)[0] != "vision", parse_column(c)))
@@ -194,7 +209,8 @@ def _train_probes(
     y = meta["label"].to_numpy()
     groups = meta["doc_id"].to_numpy()
     order = pd.Series(np.arange(len(meta)), index=meta["snippet_id"])
-    task = ray.remote(_probe_task).options(num_cpus=p.cpus_per_task)
+    # Each task gets its layer's arrays (object store) and returns its result: no files.
+    task = ray.remote(_probe_task).options(**ray_options(cfg.resources, p.cpus_per_task))
     results: dict[str, dict] = {}
     pending: dict[Any, str] = {}
     t0 = time.time()
@@ -224,6 +240,7 @@ def _train_probes(
 def _collect(pending: dict, results: dict, cache: Path, fp: str, total: int, block: bool) -> None:
     import ray
 
+    from mia_ray import storage
     from mia_ray.reports.io import write_json
 
     ready, _ = ray.wait(list(pending), num_returns=1, timeout=None if block else 0)
@@ -231,6 +248,7 @@ def _collect(pending: dict, results: dict, cache: Path, fp: str, total: int, blo
         name = pending.pop(ref)
         results[name] = ray.get(ref)
         write_json(cache / f"{name}.json", {"fingerprint": fp, "result": results[name]})
+        storage.push(cache / f"{name}.json")  # a checkpoint a new driver resumes from
         log(f"probes: {len(results)}/{total} layers ({name})")
 
 

@@ -74,3 +74,25 @@ def test_a_model_without_blocks_is_a_clear_error():
         MiaError, match=r"cannot find the transformer blocks \(text\) of a NoBlocks"
     ):
         _block_lists(NoBlocks())
+
+
+def test_an_image_given_as_bytes_reads_as_from_its_file(tmp_path, test_world):
+    """On a cluster the readers get each image's bytes (read on the driver's node), not its
+    path: the same activations, exactly."""
+    import json
+    from pathlib import Path
+
+    from mia_ray.demo.llava import build_tiny_llava, make_image_text_samples
+
+    model = build_tiny_llava(tmp_path / "llava", test_world["targets"]["tiny"]["model"])
+    data = make_image_text_samples(tmp_path / "data", ["a red field", "two blue squares"], [1, 0])
+    rows = [json.loads(x) for x in Path(data).read_text().splitlines()]
+    paths = [str(Path(data).parent / r["image"]) for r in rows]
+    reader = ActivationReader(str(model), max_length=64, torch_threads=1)
+    batch = _batch([r["text"] for r in rows])
+    from_files = reader(batch.assign(image=paths))
+    from_bytes = reader(batch.assign(image=[Path(p).read_bytes() for p in paths]))
+    pd.testing.assert_frame_equal(from_bytes, from_files, check_exact=True)
+    assert {"vision.1", "language.2"} <= set(from_bytes.columns)
+    with pytest.raises(MiaError, match="image of 3 bytes does not load"):
+        reader(batch.head(1).assign(image=[b"png"]))

@@ -435,3 +435,64 @@ def test_a_rerun_after_new_weights_at_the_same_path_scores_afresh(
         {k: second[k] for k in ("output_rate", "detection_rate", "few_shot_curve")},
         sort_keys=True,
     )
+
+
+def test_scanners_on_other_nodes_read_the_stores_from_storage(tmp_path):
+    """On a cluster the scanner actors get each store's storage URL (``mock://`` goes through
+    the same non-local code path as ``s3://``), pushed there first: they find what the
+    store's file finds."""
+    import uuid
+
+    from mia_ray import storage
+    from mia_ray.features.shingles import ShingleStore
+    from mia_ray.pipelines.leakage import LeakScanner, _store_urls
+
+    book = " ".join(f"word{i}" for i in range(60))
+    out = tmp_path / "run"
+    ShingleStore.build([("book-1", book)], span=10).save(out / "stores" / "copyright-k.npz")
+    stores = {"copyright": str(out / "stores" / "copyright-k.npz")}
+    batch = pd.DataFrame(
+        {"doc_id": ["d1", "d2"], "shard": ["s", "s"],
+         "text": [f"intro {book[40:300]} outro", "nothing copied here"]}
+    )  # fmt: skip
+    assert _store_urls(stores) == stores  # outside a run: the paths
+    uri = f"mock:///bucket-{uuid.uuid4().hex[:8]}/prefix"
+    ws = storage.Workspace(out, uri, distributed=True)
+    storage.set_current(ws)
+    try:
+        urls = _store_urls(stores)
+    finally:
+        storage.set_current(None)
+    assert urls == {"copyright": f"{uri}/stores/copyright-k.npz"}
+    want = LeakScanner(stores, [], names=False)(batch)
+    got = LeakScanner(urls, [], names=False)(batch)
+    pd.testing.assert_frame_equal(got, want)
+    assert json.loads(got["findings"][0])[0]["ref"] == "book-1"
+
+
+def test_a_parquet_shard_read_on_the_drivers_node_gives_the_same_documents(ray_local, tmp_path):
+    """On a distributed run the shards are read by tasks pinned to the driver's node (Ray
+    Data's own read_parquet reads footers in actors it places anywhere): the same rows."""
+    from mia_ray import storage
+    from mia_ray.data.readers import read_documents
+
+    shard = tmp_path / "shard.parquet"
+    pd.DataFrame(
+        {"id": [f"p{i}" for i in range(30)], "text": [f"page {i} " * (i + 1) for i in range(30)],
+         "date": [None] * 15 + ["2020-01-01"] * 15}
+    ).to_parquet(shard, row_group_size=7)  # fmt: skip
+
+    def read() -> pd.DataFrame:
+        df = read_documents(shard, text_field="text", id_field="id").to_pandas()
+        return df.sort_values("doc_id").reset_index(drop=True)
+
+    plain = read()
+    node = ray_local.get_runtime_context().get_node_id()
+    storage.set_current(storage.Workspace(tmp_path / "run", distributed=True, driver_node=node))
+    try:
+        assert storage.node_affinity()
+        pinned = read()
+    finally:
+        storage.set_current(None)
+    pd.testing.assert_frame_equal(pinned, plain)
+    assert len(plain) == 30 and set(plain.columns) >= {"doc_id", "text", "date"}

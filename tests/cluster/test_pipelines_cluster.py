@@ -1,0 +1,296 @@
+"""The attack, LUMIA and leakage pipelines on the 3-node cluster, the model work on the workers.
+
+The test world and every input sit in the cluster's ``data`` folder, which the workers do not
+see: a worker finds a model only through storage (``storage.stage``) and a document only
+through the object store (read on the driver's node). Each pipeline's numbers must equal a
+one-node run's on the same inputs (this pytest process, its local Ray instance).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from mia_ray.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.cluster
+
+ON_WORKERS = ["--set", "resources.custom_resources={mia_worker: 1}"]
+# Attack: ~240 snippets of 48 words scored 4 at a time (4 blocks of 64), a pass long enough
+# to kill a node in its middle; no lowercase pass (it doubles the forward passes), no
+# reference model (a second pool, staged by the very same line) and one n-gram size.
+ATTACK = [
+    "--set", "world.target=tiny", "--set", "data.snippet_size=48",
+    "--set", "model.batch_size=4", "--set", "eval.bootstrap=200", "--set", "eval.ngram_n=[7]",
+    "--set", "attack.attacks=[loss, zlib, min_k, min_k_plus_plus]",
+]  # fmt: skip
+TWO_SCORERS = ["--set", "resources.scorer_actors=2"]
+LEAKAGE = ["--set", "eval.targets=[]", "--set", "scan.workers=2"]
+
+
+@pytest.fixture(scope="module")
+def world(local_cluster, test_world) -> Path:
+    """The test world, copied into the cluster's ``data`` folder (hidden from the workers)."""
+    dest = local_cluster.data / "world"
+    if not dest.exists():
+        shutil.copytree(test_world["root"], dest, ignore=shutil.ignore_patterns(".lock"))
+    return dest
+
+
+def _args(pipeline: str, world: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        pipeline, "--config", f"jobs/{pipeline}_demo.yaml", "--set", "world.scale=test",
+        "--set", f"world.root={world}", *extra, "--out", str(out),
+    ]  # fmt: skip
+
+
+def _one_node(args: list[str]) -> dict:
+    """The pipeline in this process on the session's local Ray (one node, storage = --out)."""
+    assert main(args) == 0
+    return json.loads((Path(args[-1]) / "report.json").read_text())
+
+
+def _storage(cluster, name: str) -> str:
+    """A fresh storage folder every node sees (the cluster's ``shared`` mount)."""
+    return str(cluster.shared / f"{name}-{uuid.uuid4().hex[:8]}")
+
+
+def _on_cluster(cluster, args: list[str], storage: str, timeout: float = 600) -> tuple[dict, str]:
+    """The pipeline in a driver on the cluster's head; (report, the driver's stderr)."""
+    r = cluster.run_driver([*args, "--set", f"resources.storage={storage}"], timeout=timeout)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
+    return json.loads((Path(args[-1]) / "report.json").read_text()), r.stderr
+
+
+def _actors(cluster, class_part: str) -> dict[str, str | None]:
+    """actor_id -> node_id (None: never placed) of every actor, alive or dead, whose class
+    name has ``class_part``."""
+    from ray.util.state import list_actors
+
+    rows = list_actors(address=cluster.dashboard_url, limit=10000, raise_on_missing_output=False)
+    return {a.actor_id: a.node_id for a in rows if class_part in (a.class_name or "")}
+
+
+def _placed(cluster, class_part: str, before: set[str]) -> set[str]:
+    """The nodes the actors of ``class_part`` created since ``before`` ran on (an actor a
+    pool asked for but never needed is never placed)."""
+    now = _actors(cluster, class_part)
+    nodes = {n for a, n in now.items() if a not in before and n}
+    assert nodes, now
+    return nodes
+
+
+def _workers(cluster) -> set[str]:
+    return {w.node_id for w in cluster.workers}
+
+
+def _attack_numbers(report: dict) -> dict:
+    return {k: report[k] for k in ("data", "metrics", "blind_baseline", "ngram_overlap", "notes")}
+
+
+def _snippet_scores(out: Path) -> pd.DataFrame:
+    df = pd.read_parquet(out / "snippet_scores.parquet")
+    return df.sort_values("snippet_id").reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def attack_one_node(ray_local, world, tmp_path_factory):
+    out = tmp_path_factory.mktemp("attack-one") / "run"
+    return out, _one_node(_args("attack", world, out, *ATTACK))
+
+
+def _same_attack_run(out: Path, report: dict, attack_one_node, exact: bool = True) -> None:
+    out1, one = attack_one_node
+    # The report's numbers exactly: every metric is a function of the scores' ranks.
+    assert _attack_numbers(report) == _attack_numbers(one)
+    # Per snippet, exactly when every batch is what it was on one node (blocks and batches do
+    # not depend on where they run). Batches retried after a node loss may be cut otherwise:
+    # a snippet padded to another length gets float32 sums in another order (~1e-7).
+    pd.testing.assert_frame_equal(
+        _snippet_scores(out), _snippet_scores(out1), check_exact=exact, rtol=1e-5, atol=0
+    )
+
+
+def test_attack_scorers_on_the_workers_give_the_one_node_numbers(
+    cluster, world, attack_one_node, s3_server
+):
+    """Storage in S3: the workers get the model folder staged there, into their node cache."""
+    before = set(_actors(cluster, "Scorer"))
+    out = cluster.runs / f"attack-{uuid.uuid4().hex[:8]}"
+    args = _args("attack", world, out, *ATTACK, *ON_WORKERS, *TWO_SCORERS)
+    report, err = _on_cluster(cluster, args, s3_server.uri(f"attack-{uuid.uuid4().hex[:8]}"))
+    assert "staged" in err
+    _same_attack_run(out, report, attack_one_node)
+    assert _placed(cluster, "Scorer", before) <= _workers(cluster)
+
+
+class _Driver:
+    """A driver subprocess whose stderr lines are read as they come (to act mid-run)."""
+
+    def __init__(self, cluster, args: list[str]):
+        self.proc = subprocess.Popen(
+            [str(REPO / ".venv" / "bin" / "python"), "-m", "mia_ray", *args],
+            env=cluster.driver_env(),
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.time() + timeout
+        seen = 0
+        while time.time() < deadline:
+            while seen < len(self.lines):
+                m = re.search(pattern, self.lines[seen])
+                seen += 1
+                if m:
+                    return m
+            if self.proc.poll() is not None and seen == len(self.lines):
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"no line matching {pattern!r}:\n{''.join(self.lines)[-4000:]}")
+
+    def finish(self, timeout: float) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(10)
+        return self.proc.returncode
+
+
+def test_a_worker_lost_mid_scoring_costs_nothing_but_time(cluster, world, attack_one_node):
+    """SIGKILL of a worker's raylet while its Scorer scores: Ray Data restarts the actor on
+    the other worker (its defaults for actor pools: max_restarts=-1, max_task_retries=-1)
+    and retries the lost batches; the run ends with the unbroken run's numbers."""
+    before = set(_actors(cluster, "Scorer"))
+    out = cluster.runs / f"attack-kill-{uuid.uuid4().hex[:8]}"
+    storage = _storage(cluster, "attack-kill")
+    args = _args("attack", world, out, *ATTACK, *ON_WORKERS, *TWO_SCORERS)
+    driver = _Driver(cluster, [*args, "--set", f"resources.storage={storage}"])
+    killed = None
+    try:
+        # The first rows back from the pool: it is scoring, most rows still to come.
+        m = driver.wait_for(r"target: (\d+)/(\d+) rows \(", timeout=300)
+        assert int(m.group(1)) < int(m.group(2)), m.group(0)
+        alive = {a: n for a, n in _actors(cluster, "Scorer").items() if a not in before}
+        nodes = [w.node_id for w in cluster.workers]
+        killed = next(i for i, n in enumerate(nodes) if n in alive.values())
+        cluster.kill_worker(killed)
+        code = driver.finish(timeout=600)
+        assert code == 0, "".join(driver.lines)[-6000:]
+    finally:
+        if driver.proc.poll() is None:
+            driver.proc.kill()
+        if killed is not None:
+            cluster.restart_worker(killed)
+    # The actor on the lost node was started again (on the other worker).
+    from ray.util.state import list_actors
+
+    rows = list_actors(address=cluster.dashboard_url, limit=10000, detail=True)
+    restarts = [a.num_restarts for a in rows if a.actor_id in alive]
+    assert max(restarts) >= 1, restarts
+    done = [ln for ln in driver.lines if re.search(r"target: \d+/\d+ rows in", ln)]
+    assert done and "reusing" not in "".join(driver.lines), "".join(driver.lines)[-4000:]
+    report = json.loads((out / "report.json").read_text())
+    _same_attack_run(out, report, attack_one_node, exact=False)
+
+
+@pytest.fixture(scope="module")
+def image_samples(local_cluster, world) -> dict[str, Path]:
+    """A tiny random LLaVA and 40 image+text samples, in the cluster's hidden ``data``."""
+    from mia_ray.demo.llava import build_tiny_llava, make_image_text_samples
+
+    base = local_cluster.data / "vl"
+    model = build_tiny_llava(base / "llava", str(world / "models" / "tiny"))
+    docs = [json.loads(x) for x in (world / "corpus" / "documents.jsonl").read_text().splitlines()]
+    manifest = json.loads((world / "manifests" / "tiny.json").read_text())
+    docs = [d for d in docs if d["id"] in manifest][:40]
+    data = make_image_text_samples(
+        base / "data",
+        [" ".join(d["text"].split()[:30]) for d in docs],
+        [manifest[d["id"]] for d in docs],
+    )
+    return {"model": Path(model), "data": Path(data)}
+
+
+def _lumia_args(samples: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    return [
+        "lumia", "--config", "jobs/lumia_demo.yaml", "--set", "targets=[]",
+        "--set", f"model.name_or_path={samples['model']}", "--set", f"data.path={samples['data']}",
+        "--set", "model.max_length=64", "--set", "probe.max_epochs=20",
+        "--set", "eval.ngram_n=[7]",
+        "--set", "data.min_docs_per_class=5", *extra, "--out", str(out),
+    ]  # fmt: skip
+
+
+def _lumia_numbers(report: dict) -> dict:
+    skip = {"created", "runtime", "timings", "runs"}
+    return {k: v for k, v in report.items() if k not in skip}
+
+
+def test_lumia_readers_and_probes_on_the_workers_and_a_new_driver_resumes(
+    cluster, ray_local, image_samples, tmp_path
+):
+    """A vision-language target: the readers get the model through storage and each image's
+    bytes read on the driver's node; the probe tasks get arrays. A second driver with another
+    --out and the same storage finds every activation part and probe there: nothing redone."""
+    one = _one_node(_lumia_args(image_samples, tmp_path / "one"))
+    before = set(_actors(cluster, "ActivationReader"))
+    storage = _storage(cluster, "lumia")
+    out = cluster.runs / f"lumia-{uuid.uuid4().hex[:8]}"
+    args = _lumia_args(image_samples, out, *ON_WORKERS, *TWO_SCORERS)
+    report, _ = _on_cluster(cluster, args, storage)
+    assert report["model"]["multimodal"] is True
+    # Exactly: the same activations (one sample per forward pass) and seeded probes.
+    assert _lumia_numbers(report) == _lumia_numbers(one)
+    assert _placed(cluster, "ActivationReader", before) <= _workers(cluster)
+
+    again = cluster.runs / f"lumia-new-driver-{uuid.uuid4().hex[:8]}"
+    report2, err = _on_cluster(cluster, _lumia_args(image_samples, again, *ON_WORKERS), storage)
+    assert "activations: reusing 40 of 40 rows" in err, err[-4000:]
+    # Every layer's probe came from storage: none was trained again.
+    assert not re.search(r"probes: \d+/\d+ layers \(", err), err[-4000:]
+    assert _lumia_numbers(report2) == _lumia_numbers(one)
+
+
+def _leakage_numbers(report: dict) -> dict:
+    keys = ("crawl", "leakage_rate", "pii_types", "pii_without_names", "shards", "truth")
+    return {k: report[k] for k in (*keys, "matches", "matches_total")}
+
+
+def test_leakage_scanners_on_the_workers_find_what_one_node_finds(
+    cluster, ray_local, world, tmp_path, s3_server
+):
+    """Storage in S3: the scanner actors read the shingle stores from there."""
+    one = _one_node(_args("leakage", world, tmp_path / "one", *LEAKAGE))
+    before = set(_actors(cluster, "LeakScanner"))
+    out = cluster.runs / f"leakage-{uuid.uuid4().hex[:8]}"
+    args = _args("leakage", world, out, *LEAKAGE, *ON_WORKERS)
+    report, _ = _on_cluster(cluster, args, s3_server.uri(f"leakage-{uuid.uuid4().hex[:8]}"))
+    assert _leakage_numbers(report) == _leakage_numbers(one)
+    assert report["matches_total"] > 0 and report["truth"]["copyright"]["found"] > 0
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(out / "matches.parquet"),
+        pd.read_parquet(tmp_path / "one" / "matches.parquet"),
+    )
+    assert _placed(cluster, "LeakScanner", before) <= _workers(cluster)
