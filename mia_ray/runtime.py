@@ -37,7 +37,7 @@ def describe() -> dict:
     return {
         "mode": _MODE or "attached",
         "ray_version": ray.__version__,
-        "nodes": len(ray.nodes()) if ray.is_initialized() else 0,
+        "nodes": sum(n.get("Alive", False) for n in ray.nodes()) if ray.is_initialized() else 0,
         "cpus": float(res.get("CPU", 0)),
         "gpus": float(res.get("GPU", 0)),
     }
