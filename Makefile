@@ -21,6 +21,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q $(TORCH)
 	$(VENV)/bin/python -m pip install -q -e ".[dev]"
+	# ZeRO on CPU (gloo) for the cluster tier's DeepSpeed member; a pure-Python wheel.
+	DS_BUILD_OPS=0 $(VENV)/bin/python -m pip install -q deepspeed==0.19.8
 	$(VENV)/bin/python -m pip install -q --no-deps $(ASSETS)
 	touch $@
 

@@ -12,6 +12,10 @@ only. Results do not depend on batching, actor restarts or order:
 - ``blob``: n weight draws, draw i seeded with (seed, i) and shared by every snippet;
 - ``ensemble``: one base model, the member adapters switched in turn (placement
   "adapters"), or a single member per actor (placement "members", ``adapters`` of length 1).
+
+``base`` and ``adapters`` are local folders, hub names, or folders in storage by URL (a
+staged model, an adapter a trial committed): :func:`mia_ray.storage.localize` copies those
+to this node once, keyed by content.
 """
 
 from __future__ import annotations
@@ -50,11 +54,14 @@ class Sampler:
 
         from mia_ray.models.hf import load_causal_lm, set_torch_threads
         from mia_ray.models.prompt import DEFAULT_TEMPLATE, PromptEncoder
+        from mia_ray.storage import localize
 
         if kind not in ("mcd", "blob", "ensemble"):
             raise MiaError(f"unknown sampler kind {kind!r}")
         if not adapters:
             raise MiaError(f"sampler {column}: no adapters given")
+        # Adapters committed to storage come as URLs: a local copy on this node, by content.
+        adapters = [localize(a) for a in adapters]
         set_torch_threads(torch_threads)
         self.torch = torch
         model, tok, self.device = load_causal_lm(base, device, dtype)

@@ -28,7 +28,7 @@ from mia_ray.pipelines.common import (
     snippets_of,
 )
 from mia_ray.registry import pipeline
-from mia_ray.runtime import describe
+from mia_ray.runtime import describe, ray_options
 
 # ---------------------------------------------------------------------------- experiments
 
@@ -203,6 +203,7 @@ def _finetune(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFrame,
         workers=uc.train_workers,
         max_concurrent=uc.max_concurrent_trials,
         log=log,
+        res_cfg=cfg.resources,
     )
     return jobs, records
 
@@ -214,13 +215,20 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
     """p("1") lists per sampler for the suspected snippets of one experiment."""
     import ray
 
+    from mia_ray import storage
     from mia_ray.actors.sampler import Sampler
 
     uc = cfg.uncertainty
     sus = snippets[snippets["doc_id"].isin(set(e["suspected"]))][["snippet_id", "text"]]
     ds = ray.data.from_pandas(sus.reset_index(drop=True))
     ex_jobs = {j["member"]: j for j in jobs if j["experiment"] == e["name"]}
-    adapter = lambda m: str(Path(ex_jobs[m]["out_dir"]) / "adapter")  # noqa: E731
+    ws = storage.current()
+
+    def adapter(m: str) -> str:
+        """Where a sampler on any node finds member ``m``'s adapter (it localizes a URL)."""
+        path = Path(ex_jobs[m]["out_dir"]) / "adapter"
+        return ws.url(path) if ws is not None else str(path)
+
     threads = max(1, int(np.ceil(uc.cpus_per_actor)))
     common = {
         "base": cfg.model.name_or_path,
@@ -252,17 +260,19 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
             own,
             uc.gpus_per_actor > 0,
         )
+        # The actors load the base where Ray places them (after the key: it is the same model).
+        actor_kwargs = {**common, "base": storage.stage(cfg.model.name_or_path)}
 
         pg = None
         if sampler == "ensemble" and uc.placement == "members":
-            mapper, pg = _members_mapper(cfg, members, adapter, common, col)
+            mapper, pg = _members_mapper(cfg, members, adapter, actor_kwargs, col)
         else:
 
-            def mapper(todo, sampler=sampler, members=members, col=col, own=own):
+            def mapper(todo, sampler=sampler, members=members, col=col, own=own, kw=actor_kwargs):
                 return todo.map_batches(
                     Sampler,
                     fn_constructor_kwargs={
-                        **common,
+                        **kw,
                         **own,
                         "kind": sampler,
                         "adapters": [adapter(m) for m in members],
@@ -271,8 +281,7 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
                     batch_size=uc.batch_size,
                     batch_format="pandas",
                     compute=ray.data.ActorPoolStrategy(size=uc.sampler_actors),
-                    num_cpus=uc.cpus_per_actor,
-                    num_gpus=uc.gpus_per_actor,
+                    **ray_options(cfg.resources, uc.cpus_per_actor, uc.gpus_per_actor),
                 ).select_columns(["snippet_id", col])
 
         log(f"{e['name']}: sampling {sampler} on {len(sus)} suspected snippets")
@@ -347,6 +356,7 @@ def _blackbox(cfg: CopyCheckJobConfig, sus: pd.DataFrame, out: Path) -> pd.DataF
     one actor; cached per snippet set, so experiments sharing snippets ask once."""
     import ray
 
+    from mia_ray import storage
     from mia_ray.actors.backend import BackendActor
     from mia_ray.models.prompt import BLACKBOX_PROMPTS, blackbox_p1
     from mia_ray.reports.io import write_parquet
@@ -368,11 +378,14 @@ def _blackbox(cfg: CopyCheckJobConfig, sus: pd.DataFrame, out: Path) -> pd.DataF
         f"blackbox: {len(sus)} snippets x {len(BLACKBOX_PROMPTS)} prompts via {spec['kind']} ({where})"
     )
     uc = cfg.uncertainty
-    actor = (
-        ray.remote(BackendActor)
-        .options(num_cpus=uc.cpus_per_actor, num_gpus=uc.gpus_per_actor)
-        .remote(spec)
-    )
+    if spec["kind"] == "openai":
+        # An API client that keeps its cache in --out, and may ask a server on the driver's
+        # loopback (backend.serve): it runs on the driver's node.
+        opts = {"num_cpus": uc.cpus_per_actor, "num_gpus": 0, **storage.node_affinity()}
+    else:  # a local model, loaded where Ray places the actor
+        opts = ray_options(cfg.resources, uc.cpus_per_actor, uc.gpus_per_actor)
+        spec = {**spec, "model": storage.stage(spec["model"])}
+    actor = ray.remote(BackendActor).options(**opts).remote(spec)
     try:
         pairs = [(t.format(text=x), o) for x in sus["text"] for t in BLACKBOX_PROMPTS
                  for o in (" 0", " 1")]  # fmt: skip
@@ -424,7 +437,13 @@ def _members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
     from mia_ray.actors.sampler import Sampler
 
     uc = cfg.uncertainty
-    bundle = {"CPU": uc.cpus_per_actor} | ({"GPU": uc.gpus_per_actor} if uc.gpus_per_actor else {})
+    opts = ray_options(cfg.resources, uc.cpus_per_actor, uc.gpus_per_actor)
+    # An actor placed in a bundle asks only for what the bundle holds: custom resources too.
+    bundle = (
+        {"CPU": uc.cpus_per_actor}
+        | ({"GPU": uc.gpus_per_actor} if uc.gpus_per_actor else {})
+        | opts.get("resources", {})
+    )
     total = ray.cluster_resources().get("CPU", 0)
     if total - len(members) * uc.cpus_per_actor < 1:
         raise MiaError(
@@ -458,8 +477,7 @@ def _members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
                 batch_size=uc.batch_size,
                 batch_format="pandas",
                 compute=ray.data.ActorPoolStrategy(size=1),
-                num_cpus=uc.cpus_per_actor,
-                num_gpus=uc.gpus_per_actor,
+                **opts,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     pg, placement_group_bundle_index=i
                 ),
@@ -506,6 +524,7 @@ def _score_target(cfg, rows: pd.DataFrame, out_dir: Path, token_stats: bool) -> 
     # Keyed on the target by content (weights, tokenizer), dtype, device and the options.
     key = model_cfg_key(cfg.model, accelerator=cfg.resources.gpus_per_actor > 0)
     fp = fingerprint(_text_fp(rows), key, cfg.model.max_length, token_stats)
+    # (_score_pool stages the target for Scorer actors on any node; the key is its content.)
     return _score_pool(
         ds, cfg.model, cfg.resources, cfg.model.name_or_path, "", False, token_stats, out_dir, fp
     )

@@ -171,13 +171,15 @@ def train_member(
     prepare=None,
     save: bool = True,
     world_size: int = 1,
+    deepspeed: dict | None = None,
 ) -> dict[str, Any]:
     """Fine-tune one member on (snippet, pseudo-label) pairs; save its adapter to ``out_dir``.
 
     Skips (and returns the saved record) when ``out_dir/done.json`` holds the same
     fingerprint: the adapter of a finished member is never retrained. ``prepare(trainer)``
     wraps the HF Trainer (Ray Train's data-parallel preparation); ``save=False`` on all but
-    one of several workers.
+    one of several workers. ``deepspeed``: the DeepSpeed config itself, in place of the file
+    ``spec.deepspeed`` names (a node without the driver's disk gets the config, not its path).
     """
     import torch
     from transformers import TrainingArguments
@@ -232,7 +234,7 @@ def train_member(
         dataloader_num_workers=0,
         use_cpu=dev == "cpu",
         bf16=dev == "cuda" and dtype in ("auto", "bfloat16"),
-        deepspeed=spec.deepspeed or None,
+        deepspeed=deepspeed or spec.deepspeed or None,
         disable_tqdm=True,
     )
     trainer_cls = _make_trainer_cls()
@@ -249,6 +251,7 @@ def train_member(
         trainer = prepare(trainer)
     result = trainer.train()
     losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
+    engine = getattr(trainer, "deepspeed", None)  # the DeepSpeed engine that trained, if any
     if not save:
         return {"member": name, "saved": False}
     adapter = out / "adapter"
@@ -280,6 +283,7 @@ def train_member(
         "final_kl": kl_step.last_kl if kl_step else None,
         "kl_pi": kl_pi,
         "world_size": max(1, world_size),
+        "zero_stage": engine.zero_optimization_stage() if engine is not None else None,
         "elapsed_s": round(time.monotonic() - t0, 2),
         "threads": torch.get_num_threads(),
         "device": dev,
