@@ -137,6 +137,56 @@ class S3Server:
         return f"s3://{self.bucket}/{key}"
 
 
+class Driver:
+    """A driver subprocess on the cluster whose output lines are read as they come, so a
+    test can act in the middle of a run (kill a node, kill the driver)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str):
+        import threading
+
+        self.proc = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float):
+        """The first ``re.Match`` of ``pattern`` in an output line (AssertionError if none
+        came before ``timeout`` or the driver's end)."""
+        import re
+
+        deadline = time.time() + timeout
+        seen = 0
+        while time.time() < deadline:
+            while seen < len(self.lines):
+                m = re.search(pattern, self.lines[seen])
+                seen += 1
+                if m:
+                    return m
+            if self.proc.poll() is not None and seen == len(self.lines):
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"no line matching {pattern!r}:\n{self.log[-4000:]}")
+
+    def finish(self, timeout: float) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(10)
+        return self.proc.returncode
+
+
 @dataclass
 class LocalCluster:
     """A head and ``N_WORKERS`` worker nodes on this machine; see the module docstring."""
@@ -228,6 +278,21 @@ class LocalCluster:
             text=True,
             timeout=timeout,
         )
+
+    def spawn_driver(self, args: list[str], extra_env: dict[str, str] | None = None) -> Driver:
+        """``python -m mia_ray <args>`` as a driver on this cluster, running in the background."""
+        return Driver([str(PYTHON), "-m", "mia_ray", *args], self.driver_env(extra_env), str(REPO))
+
+    def worker_ids(self) -> set[str]:
+        return {w.node_id for w in self.workers}
+
+    def actors(self, class_part: str) -> dict[str, str | None]:
+        """actor_id -> node_id of every actor (alive or dead) whose class name has
+        ``class_part`` (Ray's state API, through the head's dashboard)."""
+        from ray.util.state import list_actors
+
+        rows = list_actors(address=self.dashboard_url, limit=10000, raise_on_missing_output=False)
+        return {a.actor_id: a.node_id for a in rows if class_part in (a.class_name or "")}
 
     # -- node table (from the GCS, without ray.init in this process) -----------------------
 

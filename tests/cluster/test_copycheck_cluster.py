@@ -20,8 +20,6 @@ import json
 import math
 import re
 import shutil
-import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -109,18 +107,6 @@ def _records(out: Path) -> dict[str, dict]:
     }
 
 
-def _workers(cluster) -> set[str]:
-    return {w.node_id for w in cluster.workers}
-
-
-def _actors(cluster, class_part: str) -> dict[str, str]:
-    """actor_id -> node_id of every actor (alive or dead) whose class name has ``class_part``."""
-    from ray.util.state import list_actors
-
-    rows = list_actors(address=cluster.dashboard_url, limit=10000, raise_on_missing_output=False)
-    return {a.actor_id: a.node_id for a in rows if class_part in (a.class_name or "")}
-
-
 def _placement_groups(cluster) -> dict[str, dict]:
     from ray.util.state import list_placement_groups
 
@@ -130,41 +116,7 @@ def _placement_groups(cluster) -> dict[str, dict]:
     return {g.placement_group_id: g for g in rows}
 
 
-class _Driver:
-    """A driver subprocess on the cluster whose output lines are read as they come."""
-
-    def __init__(self, cluster, args: list[str]):
-        self.proc = subprocess.Popen(
-            [str(REPO / ".venv" / "bin" / "python"), "-m", "mia_ray", *args],
-            env=cluster.driver_env(),
-            cwd=str(REPO),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def log(self) -> str:
-        return "".join(self.lines)
-
-    def finish(self, timeout: float) -> int:
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-        self._reader.join(10)
-        return self.proc.returncode
-
-
-def _wait(what: str, check, driver: _Driver, timeout: float = 300, every: float = 0.2):
+def _wait(what: str, check, driver, timeout: float = 300, every: float = 0.2):
     """Poll ``check()`` until it returns something truthy (while the driver runs)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -186,12 +138,12 @@ def test_on_both_workers_a_killed_driver_and_a_new_driver_give_the_one_node_numb
     with a new, empty --out and the same storage keeps every committed member (not trained
     again), trains the others and ends with the one-node numbers. (One run for both: the
     resumed run is a whole CopyCheck run on the cluster.)"""
-    before_actors = set(_actors(cluster, "Sampler"))
+    before_actors = set(cluster.actors("Sampler"))
     before_pgs = set(_placement_groups(cluster))
     storage = cluster.shared / f"cc-{uuid.uuid4().hex[:8]}"
     first = cluster.runs / f"cc-{uuid.uuid4().hex[:8]}"
     with_storage = [*ON_WORKERS, "--set", f"resources.storage={storage}"]
-    driver = _Driver(cluster, _args(world, first, *with_storage))
+    driver = cluster.spawn_driver(_args(world, first, *with_storage))
     members = storage / "train" / EXPERIMENT
     try:
         _wait("a committed member", lambda: list(members.glob("*/done.json")), driver)
@@ -227,9 +179,9 @@ def test_on_both_workers_a_killed_driver_and_a_new_driver_give_the_one_node_numb
     # first driver started at once (at most two fit on a worker) and those of the second.
     records = _records(out)
     where = {m: rec["node_id"] for m, rec in records.items()}
-    assert set(where.values()) <= _workers(cluster), where
+    assert set(where.values()) <= cluster.worker_ids(), where
     started = {a["node_id"] for rec in records.values() for a in rec["attempts"]}
-    assert started == _workers(cluster), records
+    assert started == cluster.worker_ids(), records
     for m, rec in records.items():
         # Committed to storage: the adapter whole (its marker), then done.json; --out a copy.
         assert json.loads((members / m / "done.json").read_text()) == rec
@@ -240,8 +192,8 @@ def test_on_both_workers_a_killed_driver_and_a_new_driver_give_the_one_node_numb
         if m in kept:  # started once: the new driver did not train it again
             assert len(starts) == 1, starts
     # The samplers ran on the workers; the ensemble's two actors one on each (SPREAD) ...
-    samplers = {a: n for a, n in _actors(cluster, "Sampler").items() if a not in before_actors}
-    assert len(samplers) == 3 and set(samplers.values()) == _workers(cluster), samplers
+    samplers = {a: n for a, n in cluster.actors("Sampler").items() if a not in before_actors}
+    assert len(samplers) == 3 and set(samplers.values()) == cluster.worker_ids(), samplers
     # ... from a placement group whose bundles hold the custom resource the actors ask for.
     groups = [g for i, g in _placement_groups(cluster).items() if i not in before_pgs]
     members_pg = [g for g in groups if len(g.bundles) == 2]
@@ -271,7 +223,7 @@ def test_s3_storage_and_a_worker_lost_mid_fine_tuning(cluster, world, one_node, 
     prefix = f"cc-{uuid.uuid4().hex[:8]}"
     out = cluster.runs / prefix
     args = _args(world, out, *ON_WORKERS, "--set", f"resources.storage={s3_server.uri(prefix)}")
-    driver = _Driver(cluster, args)
+    driver = cluster.spawn_driver(args)
 
     def started_not_done():
         """A member whose training started (attempts.json) and has no done.json yet."""
@@ -333,7 +285,7 @@ def test_a_deepspeed_zero2_member_on_two_workers(cluster, world):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
     rec = json.loads((out / "train" / EXPERIMENT / "mcd" / "done.json").read_text())
     assert rec["zero_stage"] == 2 and rec["world_size"] == 2
-    assert sorted(rec["worker_nodes"]) == sorted(_workers(cluster)), rec["worker_nodes"]
+    assert sorted(rec["worker_nodes"]) == sorted(cluster.worker_ids()), rec["worker_nodes"]
     assert rec["node_id"] == rec["worker_nodes"][0]  # rank 0 committed it
     # Each optimizer step takes a batch of 4 on both workers.
     assert rec["steps"] == math.ceil(rec["n_train"] / 8) and rec["spec"]["deepspeed"]

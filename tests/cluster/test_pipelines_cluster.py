@@ -11,9 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -72,26 +69,13 @@ def _on_cluster(cluster, args: list[str], storage: str, timeout: float = 600) ->
     return json.loads((Path(args[-1]) / "report.json").read_text()), r.stderr
 
 
-def _actors(cluster, class_part: str) -> dict[str, str | None]:
-    """actor_id -> node_id (None: never placed) of every actor, alive or dead, whose class
-    name has ``class_part``."""
-    from ray.util.state import list_actors
-
-    rows = list_actors(address=cluster.dashboard_url, limit=10000, raise_on_missing_output=False)
-    return {a.actor_id: a.node_id for a in rows if class_part in (a.class_name or "")}
-
-
 def _placed(cluster, class_part: str, before: set[str]) -> set[str]:
     """The nodes the actors of ``class_part`` created since ``before`` ran on (an actor a
     pool asked for but never needed is never placed)."""
-    now = _actors(cluster, class_part)
+    now = cluster.actors(class_part)
     nodes = {n for a, n in now.items() if a not in before and n}
     assert nodes, now
     return nodes
-
-
-def _workers(cluster) -> set[str]:
-    return {w.node_id for w in cluster.workers}
 
 
 def _attack_numbers(report: dict) -> dict:
@@ -125,74 +109,30 @@ def test_attack_scorers_on_the_workers_give_the_one_node_numbers(
     cluster, world, attack_one_node, s3_server
 ):
     """Storage in S3: the workers get the model folder staged there, into their node cache."""
-    before = set(_actors(cluster, "Scorer"))
+    before = set(cluster.actors("Scorer"))
     out = cluster.runs / f"attack-{uuid.uuid4().hex[:8]}"
     args = _args("attack", world, out, *ATTACK, *ON_WORKERS, *TWO_SCORERS)
     report, err = _on_cluster(cluster, args, s3_server.uri(f"attack-{uuid.uuid4().hex[:8]}"))
     assert "staged" in err
     _same_attack_run(out, report, attack_one_node)
-    assert _placed(cluster, "Scorer", before) <= _workers(cluster)
-
-
-class _Driver:
-    """A driver subprocess whose stderr lines are read as they come (to act mid-run)."""
-
-    def __init__(self, cluster, args: list[str]):
-        self.proc = subprocess.Popen(
-            [str(REPO / ".venv" / "bin" / "python"), "-m", "mia_ray", *args],
-            env=cluster.driver_env(),
-            cwd=str(REPO),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def wait_for(self, pattern: str, timeout: float) -> re.Match:
-        deadline = time.time() + timeout
-        seen = 0
-        while time.time() < deadline:
-            while seen < len(self.lines):
-                m = re.search(pattern, self.lines[seen])
-                seen += 1
-                if m:
-                    return m
-            if self.proc.poll() is not None and seen == len(self.lines):
-                break
-            time.sleep(0.2)
-        raise AssertionError(f"no line matching {pattern!r}:\n{''.join(self.lines)[-4000:]}")
-
-    def finish(self, timeout: float) -> int:
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-        self._reader.join(10)
-        return self.proc.returncode
+    assert _placed(cluster, "Scorer", before) <= cluster.worker_ids()
 
 
 def test_a_worker_lost_mid_scoring_costs_nothing_but_time(cluster, world, attack_one_node):
     """SIGKILL of a worker's raylet while its Scorer scores: Ray Data restarts the actor on
     the other worker (its defaults for actor pools: max_restarts=-1, max_task_retries=-1)
     and retries the lost batches; the run ends with the unbroken run's numbers."""
-    before = set(_actors(cluster, "Scorer"))
+    before = set(cluster.actors("Scorer"))
     out = cluster.runs / f"attack-kill-{uuid.uuid4().hex[:8]}"
     storage = _storage(cluster, "attack-kill")
     args = _args("attack", world, out, *ATTACK, *ON_WORKERS, *TWO_SCORERS)
-    driver = _Driver(cluster, [*args, "--set", f"resources.storage={storage}"])
+    driver = cluster.spawn_driver([*args, "--set", f"resources.storage={storage}"])
     killed = None
     try:
         # The first rows back from the pool: it is scoring, most rows still to come.
         m = driver.wait_for(r"target: (\d+)/(\d+) rows \(", timeout=300)
         assert int(m.group(1)) < int(m.group(2)), m.group(0)
-        alive = {a: n for a, n in _actors(cluster, "Scorer").items() if a not in before}
+        alive = {a: n for a, n in cluster.actors("Scorer").items() if a not in before}
         nodes = [w.node_id for w in cluster.workers]
         killed = next(i for i, n in enumerate(nodes) if n in alive.values())
         cluster.kill_worker(killed)
@@ -255,7 +195,7 @@ def test_lumia_readers_and_probes_on_the_workers_and_a_new_driver_resumes(
     bytes read on the driver's node; the probe tasks get arrays. A second driver with another
     --out and the same storage finds every activation part and probe there: nothing redone."""
     one = _one_node(_lumia_args(image_samples, tmp_path / "one"))
-    before = set(_actors(cluster, "ActivationReader"))
+    before = set(cluster.actors("ActivationReader"))
     storage = _storage(cluster, "lumia")
     out = cluster.runs / f"lumia-{uuid.uuid4().hex[:8]}"
     args = _lumia_args(image_samples, out, *ON_WORKERS, *TWO_SCORERS)
@@ -263,7 +203,7 @@ def test_lumia_readers_and_probes_on_the_workers_and_a_new_driver_resumes(
     assert report["model"]["multimodal"] is True
     # Exactly: the same activations (one sample per forward pass) and seeded probes.
     assert _lumia_numbers(report) == _lumia_numbers(one)
-    assert _placed(cluster, "ActivationReader", before) <= _workers(cluster)
+    assert _placed(cluster, "ActivationReader", before) <= cluster.worker_ids()
 
     again = cluster.runs / f"lumia-new-driver-{uuid.uuid4().hex[:8]}"
     report2, err = _on_cluster(cluster, _lumia_args(image_samples, again, *ON_WORKERS), storage)
@@ -283,7 +223,7 @@ def test_leakage_scanners_on_the_workers_find_what_one_node_finds(
 ):
     """Storage in S3: the scanner actors read the shingle stores from there."""
     one = _one_node(_args("leakage", world, tmp_path / "one", *LEAKAGE))
-    before = set(_actors(cluster, "LeakScanner"))
+    before = set(cluster.actors("LeakScanner"))
     out = cluster.runs / f"leakage-{uuid.uuid4().hex[:8]}"
     args = _args("leakage", world, out, *LEAKAGE, *ON_WORKERS)
     report, _ = _on_cluster(cluster, args, s3_server.uri(f"leakage-{uuid.uuid4().hex[:8]}"))
@@ -293,4 +233,4 @@ def test_leakage_scanners_on_the_workers_find_what_one_node_finds(
         pd.read_parquet(out / "matches.parquet"),
         pd.read_parquet(tmp_path / "one" / "matches.parquet"),
     )
-    assert _placed(cluster, "LeakScanner", before) <= _workers(cluster)
+    assert _placed(cluster, "LeakScanner", before) <= cluster.worker_ids()
