@@ -184,6 +184,9 @@ def finetune_jobs(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFr
                         spec,
                         base_key,
                         max(1, uc.train_workers),
+                        # A ZeRO config by content, not by its path (no part when unset, so
+                        # other members keep their keys).
+                        *([Path(spec["deepspeed"]).read_text()] if spec.get("deepspeed") else []),
                     ),
                 }
             )

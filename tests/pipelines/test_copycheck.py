@@ -274,6 +274,13 @@ def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
     # ... while a dtype or a training option that changes the numbers retrains every member.
     for change in ("model.dtype=bfloat16", "finetune.warmup_ratio=0.1", "uncertainty.train_workers=2"):  # fmt: skip
         assert not any(finished(j) for j in jobs(config(change)))
+    # A ZeRO config is keyed by its content: edited in place, it gives new members.
+    zero = tmp_path / "zero.json"
+    zero.write_text('{"zero_optimization": {"stage": 2}}')
+    stage2 = {j["fingerprint"] for j in jobs(config(f"finetune.deepspeed={zero}"))}
+    zero.write_text('{"zero_optimization": {"stage": 3}}')
+    stage3 = {j["fingerprint"] for j in jobs(config(f"finetune.deepspeed={zero}"))}
+    assert len(stage2) == len(stage3) == len(jobs(config())) and not stage2 & stage3
 
     rows = snippets.head(6)
     before = cc._score_target(config(model=moved), rows, tmp_path / "rows", False)
