@@ -284,7 +284,9 @@ class FinetuneConfig:
     # once per optimizer step, so grad_accum and the Ray Train workers count
     blob_kl_weight: float = 1.0
     blob_kl_lr: float = 0.01  # BLoB steps pi * KL with its own SGD after each CE step
-    deepspeed: str = ""  # a DeepSpeed JSON config for the HF Trainer (GPUs; ZeRO also runs on CPU with gloo)
+    deepspeed: str = (
+        ""  # a DeepSpeed JSON config for the HF Trainer (GPUs; ZeRO also runs on CPU with gloo)
+    )
     seed: int = 0
 
     def validate(self) -> None:
