@@ -43,6 +43,8 @@ PLACEMENTS = {
     "two nodes": "{mia_worker: 1}",
 }
 COPYCHECK = [
+    "experiment.n_suspected=10",
+    "experiment.n_unseen=8",
     "experiment.n_unseen_in_suspected=[4]",
     "uncertainty.samplers=[mcd,blob,ensemble]",
     "uncertainty.ensemble_size=10",
@@ -58,6 +60,7 @@ def _load_cluster_module():
         "mia_cluster", REPO / "tests" / "cluster" / "conftest.py"
     )
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
