@@ -51,6 +51,9 @@ COPYCHECK = [
     "uncertainty.n_samples=4",
     "uncertainty.train_cpus=1",
     "detect.baselines=[]",
+    "data.snippet_size=48",
+    "data.max_snippets_per_doc=2",
+    "finetune.max_length=128",
 ]
 ATTACK = ["resources.scorer_actors=2", "resources.cpus_per_actor=1", "model.batch_size=2"]
 
