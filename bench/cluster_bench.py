@@ -145,7 +145,7 @@ def main() -> None:
                     "scoring_s": score_s,
                     "rows": n_rows,
                     "attack_wall_s": awall,
-                    "attack_results": areport["results"],
+                    "attack_results": areport["metrics"],
                 }
             )
             print(json.dumps({k: v for k, v in rows[-1].items() if "results" not in k}),
