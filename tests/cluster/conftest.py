@@ -283,6 +283,12 @@ class LocalCluster:
         """``python -m mia_ray <args>`` as a driver on this cluster, running in the background."""
         return Driver([str(PYTHON), "-m", "mia_ray", *args], self.driver_env(extra_env), str(REPO))
 
+    def copy_world(self, test_world: dict, dest: Path) -> Path:
+        """The suite's test world copied to ``dest`` once (a folder the workers cannot see)."""
+        if not dest.exists():
+            shutil.copytree(test_world["root"], dest, ignore=shutil.ignore_patterns(".lock"))
+        return dest
+
     def worker_ids(self) -> set[str]:
         return {w.node_id for w in self.workers}
 
@@ -602,6 +608,12 @@ def local_cluster(s3_server) -> Iterator[LocalCluster]:
     finally:
         cluster.shutdown()
         shutil.rmtree(cluster.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def world(local_cluster, test_world) -> Path:
+    """The test world, copied into the cluster's ``data`` folder (hidden from the workers)."""
+    return local_cluster.copy_world(test_world, local_cluster.data / "world")
 
 
 @pytest.fixture

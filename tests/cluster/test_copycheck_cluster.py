@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 import time
 import uuid
 from pathlib import Path
@@ -47,15 +46,6 @@ CONFIG = [
     "--set", "detect.baselines=[]",
 ]  # fmt: skip
 ON_WORKERS = ["--set", "resources.custom_resources={mia_worker: 1}"]
-
-
-@pytest.fixture(scope="module")
-def world(local_cluster, test_world) -> Path:
-    """The test world, copied into the cluster's ``data`` folder (hidden from the workers)."""
-    dest = local_cluster.data / "world"
-    if not dest.exists():
-        shutil.copytree(test_world["root"], dest, ignore=shutil.ignore_patterns(".lock"))
-    return dest
 
 
 def _args(world: Path, out: Path, *extra: str) -> list[str]:

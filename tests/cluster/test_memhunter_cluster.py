@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 import uuid
@@ -58,10 +57,7 @@ CELL_PER_WORKER = ["--set", "sweep.cell_resources={mia_worker: 60}"]
 @pytest.fixture(scope="module")
 def world(local_cluster, test_world) -> Path:
     """The test world, copied into the cluster's ``home`` (hidden from the workers)."""
-    dest = local_cluster.home / "memhunter-world"
-    if not dest.exists():
-        shutil.copytree(test_world["root"], dest, ignore=shutil.ignore_patterns(".lock"))
-    return dest
+    return local_cluster.copy_world(test_world, local_cluster.home / "memhunter-world")
 
 
 def _args(world: Path, out: Path, *extra: str) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import uuid
 from pathlib import Path
 
@@ -33,15 +32,6 @@ ATTACK = [
 ]  # fmt: skip
 TWO_SCORERS = ["--set", "resources.scorer_actors=2"]
 LEAKAGE = ["--set", "eval.targets=[]", "--set", "scan.workers=2"]
-
-
-@pytest.fixture(scope="module")
-def world(local_cluster, test_world) -> Path:
-    """The test world, copied into the cluster's ``data`` folder (hidden from the workers)."""
-    dest = local_cluster.data / "world"
-    if not dest.exists():
-        shutil.copytree(test_world["root"], dest, ignore=shutil.ignore_patterns(".lock"))
-    return dest
 
 
 def _args(pipeline: str, world: Path, out: Path, *extra: str) -> list[str]:
