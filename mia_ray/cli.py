@@ -15,6 +15,7 @@ new report at its end (atomically), so a run that fails leaves no report of anot
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -59,6 +60,14 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--print-config", action="store_true", help="print the resolved config and exit"
         )
+        for flag, key, flag_help in spec.flags:
+            sp.add_argument(
+                f"--{flag}",
+                dest=f"flag:{key}",
+                default=None,
+                metavar=flag.upper(),
+                help=f"{flag_help} (= --set {key}=...)",
+            )
         sp.set_defaults(handler=_run_pipeline)
     sp = sub.add_parser(
         "serve",
@@ -99,7 +108,14 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     from mia_ray.config import dump_yaml, load_config
 
     spec = registry.get("pipeline", args.pipeline)
-    cfg = load_config(spec.config_cls, args.config, args.overrides)
+    # A pipeline's own flags are --set overrides that win over the YAML and over --set; the
+    # value goes in as a quoted string, so a path with ':' or '#' stays one string.
+    flagged = [
+        f"{key}={json.dumps(getattr(args, f'flag:{key}'))}"
+        for _, key, _ in spec.flags
+        if getattr(args, f"flag:{key}") is not None
+    ]
+    cfg = load_config(spec.config_cls, args.config, [*args.overrides, *flagged])
     if args.address is not None and hasattr(cfg, "resources"):
         cfg.resources.address = args.address
     if args.print_config:

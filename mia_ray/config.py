@@ -911,6 +911,100 @@ class LeakageJobConfig:
         self.eval.validate()
 
 
+AUDIT_METHODS = ("copycheck", "memhunter", "leakage")
+
+
+@dataclass
+class AuditConfig:
+    """`mia-ray audit`: did the model train on ``suspected``? ``unseen``: files of the same kind
+    that it surely never saw (written after its cut-off, or held back)."""
+
+    suspected: str = ""  # folder, .jsonl or .parquet (any format data.format reads)
+    unseen: str = ""
+    fdr: float = 0.05  # per-file verdicts: Benjamini-Hochberg at this false-discovery rate
+    alpha: float = 0.05  # the dataset-level test's level (and the null and blind checks')
+    rounds: int = 5  # cross-fitting repeats (seeds seed .. seed + rounds - 1)
+    seed: int = 0
+    # cross: cross-conformal, every unseen file calibrates; split: exact, half of them do
+    calibration: str = "cross"
+    # features for the linear model (reference-free attacks; "ref" joins with model.reference)
+    attacks: list[str] = field(
+        default_factory=lambda: ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase"]
+    )
+    min_k_ratios: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.3, 0.5])
+    C: float = 1.0  # inverse L2 strength of the logistic regression on standardized features
+    blind_check: bool = True
+    null_check: bool = True
+    methods: list[str] = field(
+        default_factory=list
+    )  # more evidence: copycheck | memhunter | leakage
+
+    def validate(self) -> None:
+        from mia_ray import registry
+
+        for key in ("fdr", "alpha"):
+            v = getattr(self, key)
+            if not 0 < v < 1:
+                raise MiaError(f"audit.{key} must lie in (0, 1), e.g. 0.05, not {v}")
+        _check_at_least_1({"audit.rounds": self.rounds})
+        _check_choice("audit.calibration", self.calibration, ("cross", "split"))
+        if self.C <= 0:
+            raise MiaError(f"audit.C must be > 0, not {self.C}")
+        known = registry.names("attack")
+        if not self.attacks:
+            raise MiaError(f"audit.attacks is empty (known: {', '.join(known)})")
+        for name in self.attacks:
+            if name not in known:
+                raise MiaError(f"audit.attacks: unknown attack {name!r}{_hint(name, known)}")
+        if "ref" in self.attacks:
+            raise MiaError("audit.attacks: leave 'ref' out; it joins when model.reference is set")
+        for r in self.min_k_ratios:
+            if not 0 < r <= 1:
+                raise MiaError(f"audit.min_k_ratios must lie in (0, 1], got {r}")
+        if not self.min_k_ratios:
+            raise MiaError("audit.min_k_ratios is empty")
+        for m in self.methods:
+            if m not in AUDIT_METHODS:
+                raise MiaError(
+                    f"audit.methods: unknown method {m!r}{_hint(m, list(AUDIT_METHODS))} "
+                    f"(known: {', '.join(AUDIT_METHODS)})"
+                )
+
+
+@dataclass
+class AuditJobConfig:
+    """`mia-ray audit --model M --suspected PATH --unseen PATH [--reference R] --out DIR`."""
+
+    audit: AuditConfig = field(default_factory=AuditConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    world: WorldConfig = field(default_factory=WorldConfig)
+
+    def validate(self) -> None:
+        self.audit.validate()
+        self.data.validate()
+        self.model.validate()
+        self.resources.validate()
+        if self.data.path:
+            raise MiaError(
+                "data.path is not read by audit: give --suspected and --unseen "
+                "(audit.suspected, audit.unseen)"
+            )
+        if not self.world.target:
+            if not (self.audit.suspected and self.audit.unseen):
+                raise MiaError(
+                    "audit needs --suspected (the files you think the model trained on) and "
+                    "--unseen (files of the same kind it surely never saw)"
+                )
+            if not self.model.name_or_path:
+                raise MiaError("audit needs --model: a hub name or a local folder")
+        elif self.world.target not in ("tiny", "tiny-random"):
+            raise MiaError(
+                f"world.target {self.world.target!r}: the audit demo runs on tiny or tiny-random"
+            )
+
+
 @dataclass
 class DemoWorldJobConfig:
     """`mia-ray demo`: build (or check) the offline demo world."""

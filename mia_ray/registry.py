@@ -24,6 +24,7 @@ _PROVIDERS: dict[str, tuple[str, ...]] = {
     "detector": ("mia_ray.detectors.filelevel",),
     "pipeline": (
         "mia_ray.pipelines.attack",
+        "mia_ray.pipelines.audit",
         "mia_ray.pipelines.copycheck",
         "mia_ray.pipelines.demo_world",
         "mia_ray.pipelines.leakage",
@@ -53,11 +54,16 @@ class Pipeline:
     config_cls: type
     run: Callable[[Any, Any], dict]
     help: str
+    # Command-line flags that set one config key each, e.g. {"model": "model.name_or_path"}
+    # makes `--model M` mean `--set model.name_or_path=M`.
+    flags: tuple[tuple[str, str, str], ...] = ()  # (flag, config key, help)
 
 
-def pipeline(name: str, config_cls: type, help: str) -> Callable[[Any], Any]:
+def pipeline(
+    name: str, config_cls: type, help: str, flags: tuple[tuple[str, str, str], ...] = ()
+) -> Callable[[Any], Any]:
     def deco(fn: Callable[[Any, Any], dict]) -> Callable[[Any, Any], dict]:
-        register("pipeline", name)(Pipeline(name, config_cls, fn, help))
+        register("pipeline", name)(Pipeline(name, config_cls, fn, help, flags))
         return fn
 
     return deco

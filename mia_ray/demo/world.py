@@ -783,3 +783,44 @@ def _build(cfg: WorldConfig, root: Path, targets: list[str], threads: int) -> No
     finally:
         for _, tmp, _ in pending.values():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+AUDIT_SPLIT_FORMAT = 1
+
+
+def ensure_audit_books(root: str | os.PathLike, target: str) -> dict[str, str]:
+    """The audit demo's folders under ``root/audit``: ``suspected/`` holds every member book
+    of ``tiny`` plus a third as many non-member books, ``unseen/`` the other non-member books
+    (a seeded choice, ``audit-books``); file ids are the books' paths under ``books/``.
+    ``labels-<target>.json`` gives the truth over the suspected files (tiny-random trained on
+    nothing, so its are all 0). Built once, atomically."""
+    root = Path(root)
+    dest = root / "audit"
+    marker = dest / "audit.json"
+    if not (marker.is_file() and json.loads(marker.read_text("utf-8")) == AUDIT_SPLIT_FORMAT):
+        tiny = json.loads((root / "manifests" / "tiny.json").read_text("utf-8"))
+        books = sorted(d for d in tiny if d.startswith("books/"))
+        members = [d for d in books if tiny[d] == 1]
+        others = [d for d in books if tiny[d] == 0]
+        random.Random("audit-books").shuffle(others)
+        n_mixed = len(members) // 3
+        split = {"suspected": members + others[:n_mixed], "unseen": others[n_mixed:]}
+        tmp = _tmp_dir(root, "audit")
+        try:
+            for side, ids in split.items():
+                for d in ids:
+                    rel = d.split("/", 1)[1]
+                    (tmp / side / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(root / d, tmp / side / rel)
+            truth = {d.split("/", 1)[1]: tiny[d] for d in split["suspected"]}
+            _write_json(tmp / "labels-tiny.json", truth)
+            _write_json(tmp / "labels-tiny-random.json", {d: 0 for d in truth})
+            _write_json(tmp / "audit.json", AUDIT_SPLIT_FORMAT)
+            _publish(tmp, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "suspected": str(dest / "suspected"),
+        "unseen": str(dest / "unseen"),
+        "labels": str(dest / f"labels-{target}.json"),
+    }

@@ -116,16 +116,23 @@ def _aggregate(snip: pd.DataFrame, cols: list[str], how: str) -> pd.DataFrame:
     return snip.groupby("doc_id")[cols].agg(how).reset_index()
 
 
-def score_attacks(cfg: AttackJobConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """Snippet-level and document-level attack scores; also returns the labels and timings."""
+def score_attacks(
+    cfg: AttackJobConfig, out: Path, docs=None, labels: dict[str, int] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Snippet-level and document-level attack scores; also returns the labels and timings.
+
+    ``docs`` (a Ray Dataset with doc_id, text) and ``labels`` (doc_id -> 0/1) are read from
+    ``cfg.data`` unless given.
+    """
     import ray
 
     from mia_ray.features.attacks import score_table, stats_from_columns
 
     t0 = time.time()
-    docs, labels = labelled_documents(cfg.data)
-    n_mem = sum(labels.values())
-    log(f"{len(labels)} documents: {n_mem} members, {len(labels) - n_mem} non-members")
+    if docs is None:
+        docs, labels = labelled_documents(cfg.data)
+        n_mem = sum(labels.values())
+        log(f"{len(labels)} documents: {n_mem} members, {len(labels) - n_mem} non-members")
     snippets = snippets_of(docs, cfg.data, cfg.model.name_or_path).materialize()
     snip_meta = snippets.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
     if snip_meta["snippet_id"].duplicated().any():

@@ -1,0 +1,138 @@
+"""The audit's ``report.html``: the verdict first, then the evidence behind it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mia_ray.reports.html import (
+    _new_figure,
+    _png,
+    definition_list,
+    fmt_num,
+    img_html,
+    list_html,
+    page,
+    paragraph,
+    table_html,
+)
+from mia_ray.reports.io import write_text
+
+HOW_TO_READ = (
+    "The question: did the model train on the suspected files? The dataset test compares the "
+    "model's scores of the suspected files with those of files it surely never saw; a small "
+    "p-value is evidence of training. Two checks stand beside it: the same test on two halves "
+    "of the unseen files (it must not reject), and on the files' words alone with no model "
+    "(if that rejects, the two sets differ in kind and the verdict means nothing). Each "
+    "suspected file then gets a p-value, and the files flagged 'trained' are chosen so that on "
+    "average at most the stated share of them are false discoveries."
+)
+
+
+def _check_rows(r: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for key, label in (
+        ("dataset_test", "dataset test: suspected vs unseen"),
+        ("null_check", "null check: unseen vs unseen (must not reject)"),
+        ("blind_check", "blind check: words only, no model (must not reject)"),
+    ):
+        t = r.get(key)
+        if t:
+            rows.append(
+                [
+                    label,
+                    f"{t['p_value']:.3g}",
+                    fmt_num(t.get("effect_size"), 2),
+                    "rejects" if t["reject"] else "does not reject",
+                ]
+            )
+    return rows
+
+
+def _score_figure(r: Mapping[str, Any]) -> bytes:
+    import numpy as np
+
+    sus = np.array([f["score"] for f in r["files"]])
+    flagged = np.array([f["verdict"] == "trained" for f in r["files"]])
+    uns = np.array([f["score"] for f in r.get("unseen_files", [])])
+    pv = np.array([f["p_value"] for f in r["files"]])
+    fig, (ax1, ax2) = _new_figure(10, 3.6, ncols=2)
+    bins = np.histogram_bin_edges(np.concatenate([sus, uns]) if uns.size else sus, bins=20)
+    if uns.size:
+        ax1.hist(uns, bins=bins, alpha=0.6, label=f"unseen ({uns.size})", color="#888888")
+    ax1.hist(sus[~flagged], bins=bins, alpha=0.6, label="suspected, not flagged", color="#4c72b0")
+    ax1.hist(sus[flagged], bins=bins, alpha=0.8, label="suspected, flagged", color="#c44e52")
+    ax1.set_xlabel("file score (out-of-fold, higher = more like trained)")
+    ax1.set_ylabel("files")
+    ax1.set_title("Score distributions")
+    ax1.legend(fontsize=8)
+    ax2.hist(pv, bins=np.linspace(0, 1, 21), color="#4c72b0")
+    ax2.set_xlabel("per-file p-value")
+    ax2.set_ylabel("suspected files")
+    ax2.set_title("p-values (uniform if none was trained on)")
+    return _png(fig)
+
+
+def _weights_figure(feat: Mapping[str, Any]) -> bytes:
+    names, mean, sd = feat["names"], feat["weights_mean"], feat["weights_sd"]
+    fig, (ax,) = _new_figure(7, 0.3 * len(names) + 1.2)
+    ax.barh(range(len(names)), mean, xerr=sd, color="#4c72b0")
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel("weight on the standardized feature (mean ± sd over fits)")
+    return _png(fig)
+
+
+def render_audit_report(report: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
+    r = report
+    model = r.get("model") or {}
+    title = f"Audit: did {model.get('name_or_path', 'the model')} train on these files?"
+    subtitle = f"suspected: {r['data']['suspected']} · unseen: {r['data']['unseen']}"
+    if r.get("created"):
+        subtitle += f" · created {r['created']}"
+    sections: list[tuple[str, str]] = [
+        ("Verdict", paragraph(r["verdict"]["text"], cls="verdict")),
+        ("", f'<div class="howto">{paragraph(HOW_TO_READ)}</div>'),
+        (
+            "Tests",
+            table_html(
+                _check_rows(r),
+                ["test", "p-value", "effect size (Cohen's d)", "at the chosen level"],
+                caption=f"Level {r['dataset_test']['alpha']:g}; each p-value combines "
+                f"{2 * r['dataset_test']['rounds']} held-out halves.",
+            ),
+        ),
+    ]
+    if r.get("truth"):
+        sections.append(("Against known labels", definition_list(r["truth"])))
+    sections.append(("Scores and p-values", img_html(_score_figure(r), "score distributions")))
+    pf = r["per_file"]
+    cols = ["file_id", "score", "p_value", "q_value", "verdict", "n_snippets"]
+    if any("truth" in f for f in r["files"]):
+        cols.append("truth")
+    sections.append(
+        (
+            f"Files ({pf['n_flagged']} of {len(r['files'])} flagged at {pf['fdr']:.0%} FDR)",
+            table_html(
+                [[f.get(c) for c in cols] for f in r["files"]],
+                cols,
+                highlight=[i for i, f in enumerate(r["files"]) if f["verdict"] == "trained"],
+                caption="q_value: the Benjamini-Hochberg adjusted p-value; a file is flagged "
+                "when it is at most the FDR level.",
+                digits=4,
+            ),
+        )
+    )
+    sections.append(
+        ("Feature weights", img_html(_weights_figure(r["features"]), "feature weights"))
+    )
+    sections.append(("Caveats and method", list_html(r.get("notes") or [])))
+    sections.append(("Data", definition_list(r["data"])))
+    sections.append(("Model", definition_list(model)))
+    for key, head in (("timings", "Timings"), ("runtime", "Runtime")):
+        if r.get(key):
+            sections.append((head, definition_list(r[key])))
+    return write_text(out_path, page(title, sections, subtitle=subtitle))

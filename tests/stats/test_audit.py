@@ -1,0 +1,87 @@
+"""The audit's statistics against hand-computed cases and their definitions."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mia_ray.errors import MiaError
+from mia_ray.stats.audit import (
+    benjamini_hochberg,
+    cohens_d,
+    conformal_pvalues,
+    min_calibration_files,
+    two_times_median,
+    welch_greater,
+)
+
+
+def test_conformal_pvalues_count_calibration_scores_at_least_as_high():
+    cal = [4.0, 1.0, 3.0, 2.0]
+    # (1 + #{c >= s}) / (n + 1): 2.5 -> (1+2)/5; 5 -> 1/5; a tie counts against: 2 -> (1+3)/5
+    got = conformal_pvalues([2.5, 5.0, 2.0, 0.0], cal)
+    np.testing.assert_allclose(got, [3 / 5, 1 / 5, 4 / 5, 5 / 5])
+
+
+def test_conformal_pvalue_is_never_below_one_over_n_plus_one():
+    assert conformal_pvalues([1e9], np.arange(19.0))[0] == pytest.approx(1 / 20)
+
+
+def test_conformal_pvalues_errors():
+    with pytest.raises(MiaError, match="at least one calibration score"):
+        conformal_pvalues([1.0], [])
+    with pytest.raises(MiaError, match="finite"):
+        conformal_pvalues([np.nan], [1.0])
+
+
+def test_benjamini_hochberg_hand_computed():
+    # sorted: 0.01 (k=1), 0.03, 0.04, 0.2 against q k / m = 0.0125, 0.025, 0.0375, 0.05:
+    # only k = 1 passes. Adjusted: p m / k = 0.04, 0.06, 0.0533, 0.2, then running minimum
+    # from the largest: 0.04, 0.0533, 0.0533, 0.2.
+    rej, adj = benjamini_hochberg([0.01, 0.04, 0.03, 0.2], 0.05)
+    assert rej.tolist() == [True, False, False, False]
+    np.testing.assert_allclose(adj, [0.04, 0.16 / 3, 0.16 / 3, 0.2])
+
+
+def test_benjamini_hochberg_steps_up():
+    # Each p = 0.045 fails q k / m for k < 4, but p_(4) <= q: the step-up rule rejects all 4.
+    rej, adj = benjamini_hochberg([0.045] * 4, 0.05)
+    assert rej.all()
+    np.testing.assert_allclose(adj, [0.045] * 4)
+    rej, _ = benjamini_hochberg([0.2, 0.3], 0.05)
+    assert not rej.any()
+    with pytest.raises(MiaError, match=r"FDR level must lie in \(0, 1\)"):
+        benjamini_hochberg([0.1], 0.0)
+
+
+def test_welch_greater_matches_scipy_one_sided():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(0.5, 1, 12), rng.normal(0, 2, 20)
+    got = welch_greater(a, b)
+    ref = stats.ttest_ind(a, b, equal_var=False, alternative="greater")
+    assert got["statistic"] == pytest.approx(ref.statistic)
+    assert got["p_value"] == pytest.approx(ref.pvalue)
+    assert welch_greater(b, a)["p_value"] == pytest.approx(1 - ref.pvalue)
+
+
+def test_cohens_d_hand_computed():
+    # means 2 and 1, both variances 1: d = 1
+    assert cohens_d([1, 2, 3], [0, 1, 2]) == pytest.approx(1.0)
+    assert cohens_d([1, 1], [1, 1]) == 0.0
+
+
+def test_two_times_median():
+    assert two_times_median([0.01, 0.02, 0.5]) == pytest.approx(0.04)
+    assert two_times_median([0.6, 0.7]) == 1.0
+    with pytest.raises(MiaError, match=r"lie in \[0, 1\]"):
+        two_times_median([1.5])
+
+
+@pytest.mark.parametrize(("q", "n"), [(0.05, 19), (0.1, 9), (0.2, 4), (0.01, 99)])
+def test_min_calibration_files(q, n):
+    assert min_calibration_files(q) == n
+    assert 1 / (n + 1) <= q < 1 / n
+
+
+def test_welch_needs_two_values_each():
+    with pytest.raises(MiaError, match="at least 2 values, got 1"):
+        welch_greater([1.0], [1.0, 2.0])
