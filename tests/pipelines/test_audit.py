@@ -1,0 +1,210 @@
+"""`mia-ray audit` end to end on the test world: a memorising target is caught with its member
+files flagged under FDR control; a target that never trained is cleared; bad inputs stop
+early with one clear line."""
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from mia_ray.cli import main
+from mia_ray.config import AuditJobConfig
+from mia_ray.errors import MiaError
+from mia_ray.pipelines.audit import check_counts
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+SETTINGS = [
+    "--set", "data.snippet_size=64", "--set", "model.max_length=128",
+    "--set", "resources.torch_threads=1",
+]  # fmt: skip
+
+
+def _write_jsonl(path, docs):
+    path.write_text("".join(json.dumps({"id": d["id"], "text": d["text"]}) + "\n" for d in docs))
+    return path
+
+
+@pytest.fixture(scope="module")
+def audit_inputs(tmp_path_factory, test_world):
+    """suspected = every member of tiny + 8 non-members; unseen = the other non-members."""
+    root = Path(test_world["root"])
+    manifest = json.loads((root / "manifests" / "tiny.json").read_text())
+    docs = [json.loads(x) for x in (root / "corpus" / "documents.jsonl").read_text().splitlines()]
+    docs = [d for d in docs if d["id"] in manifest]
+    members = [d for d in docs if manifest[d["id"]] == 1]
+    others = [d for d in docs if manifest[d["id"]] == 0]
+    random.Random(0).shuffle(others)
+    d = tmp_path_factory.mktemp("audit-inputs")
+    sus = members + others[:8]
+    labels = d / "labels.json"
+    labels.write_text(json.dumps({x["id"]: manifest[x["id"]] for x in sus}))
+    return {
+        "root": root,
+        "suspected": _write_jsonl(d / "suspected.jsonl", sus),
+        "unseen": _write_jsonl(d / "unseen.jsonl", others[8:]),
+        "labels": labels,
+        "n_members": len(members),
+        "dir": d,
+    }
+
+
+def _audit(out, inputs, target, *extra):
+    models = inputs["root"] / "models"
+    args = [
+        "audit", "--model", str(models / target), "--reference", str(models / "tiny-ref"),
+        "--suspected", str(inputs["suspected"]), "--unseen", str(inputs["unseen"]),
+        "--set", f"data.labels={inputs['labels']}", *SETTINGS, *extra, "--out", str(out),
+    ]  # fmt: skip
+    assert main(args) == 0
+    return json.loads((out / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_audit(tmp_path_factory, ray_local, audit_inputs):
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    return out, _audit(out, audit_inputs, "tiny")
+
+
+def test_memorising_target_is_caught_and_its_member_files_flagged(tiny_audit, audit_inputs):
+    out, r = tiny_audit
+    assert r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] < 1e-3
+    assert r["dataset_test"]["effect_size"] > 1.0
+    assert not r["null_check"]["reject"] and not r["blind_check"]["reject"]
+    assert r["verdict"]["trained"] and r["verdict"]["text"].startswith("Evidence that ")
+    t = r["truth"]
+    assert t["n_members"] == audit_inputs["n_members"]
+    assert t["members_flagged"] >= 0.8 * t["n_members"]
+    assert t["fdp"] <= 0.1
+    # Every suspected file has a row; the flagged ones are exactly those with q <= fdr.
+    assert len(r["files"]) == r["data"]["n_suspected"] == audit_inputs["n_members"] + 8
+    for f in r["files"]:
+        assert (f["verdict"] == "trained") == (f["q_value"] <= 0.05)
+        assert f["p_value"] >= r["per_file"]["min_p_value"] - 1e-12
+    assert r["per_file"]["n_calibration"] == r["data"]["n_unseen"] == len(r["unseen_files"])
+    names = r["features"]["names"]
+    assert "ref" in names and "loss" in names and "min_k_plus_plus@0.2" in names
+    assert len(r["features"]["weights_mean"]) == len(names)
+    files = pd.read_parquet(out / "files.parquet")
+    assert sorted(files["file_id"]) == sorted(f["file_id"] for f in r["files"])
+    html = (out / "report.html").read_text()
+    assert r["verdict"]["text"].split(":")[0] in html and html.count("<img") == 2
+
+
+def test_rerun_reuses_the_scored_rows_and_gives_the_same_numbers(tiny_audit, audit_inputs, capfd):
+    out, r = tiny_audit
+    capfd.readouterr()
+    again = _audit(out, audit_inputs, "tiny")
+    err = capfd.readouterr().err
+    n = r["data"]["n_snippets"]
+    assert f"target: reusing {n} of {n} rows" in err and f"reference: reusing {n} of {n}" in err
+    assert again["dataset_test"]["p_value"] == r["dataset_test"]["p_value"]
+    assert again["files"] == r["files"]
+
+
+def test_a_target_that_never_trained_is_cleared(tmp_path, ray_local, audit_inputs):
+    r = _audit(tmp_path / "random", audit_inputs, "tiny-random")
+    assert not r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] > 0.05
+    assert not r["verdict"]["trained"] and r["verdict"]["text"].startswith("No evidence that ")
+    assert not r["null_check"]["reject"]
+
+
+def test_different_kinds_of_files_trip_the_blind_check(tmp_path, ray_local, audit_inputs):
+    """Suspected = web leads, unseen = play scenes: any model separates them; the blind check
+    sees it from the words and the verdict refuses to call it training."""
+    root = audit_inputs["root"]
+    docs = [json.loads(x) for x in (root / "corpus" / "documents.jsonl").read_text().splitlines()]
+    web = [d for d in docs if d["id"].startswith("web/")]
+    books = [d for d in docs if d["id"].startswith("books/")]
+    inputs = dict(audit_inputs)
+    inputs["suspected"] = _write_jsonl(tmp_path / "web.jsonl", web[:24])
+    inputs["unseen"] = _write_jsonl(tmp_path / "books.jsonl", books[:24])
+    inputs["labels"] = _write_jsonl(tmp_path / "none.jsonl", [])
+    r = _audit(tmp_path / "kinds", inputs, "tiny-random", "--set", "data.labels=")
+    assert r["blind_check"]["reject"] and r["blind_check"]["p_value"] < 0.01
+    assert not r["verdict"]["trained"]
+    assert r["verdict"]["text"].startswith("Not evidence of training")
+
+
+def _fails(capsys, args, message):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"mia-ray: error: {message}"
+
+
+def _base(inputs, tmp_path):
+    return [
+        "audit", "--model", str(inputs["root"] / "models" / "tiny"),
+        "--suspected", str(inputs["suspected"]), "--out", str(tmp_path / "out"),
+    ]  # fmt: skip
+
+
+def test_empty_unseen_folder_is_an_error(tmp_path, ray_local, audit_inputs, capsys):
+    (tmp_path / "empty").mkdir()
+    _fails(
+        capsys,
+        [*_base(audit_inputs, tmp_path), "--unseen", str(tmp_path / "empty")],
+        f"--unseen ({tmp_path / 'empty'}): data directory {tmp_path / 'empty'} has no files "
+        "(hidden files are skipped)",
+    )
+
+
+def test_a_file_on_both_sides_is_an_error(tmp_path, ray_local, audit_inputs, capsys):
+    uns = tmp_path / "unseen.jsonl"
+    shutil.copyfile(audit_inputs["unseen"], uns)
+    first = json.loads(audit_inputs["suspected"].read_text().splitlines()[0])
+    with open(uns, "a") as f:
+        f.write(json.dumps({"id": "copy", "text": first["text"]}) + "\n")
+    _fails(
+        capsys,
+        [*_base(audit_inputs, tmp_path), "--unseen", str(uns)],
+        f"--suspected and --unseen share 1 file(s) with the same text, e.g. {first['id']!r} "
+        "and 'copy': a file cannot be both suspected and surely unseen",
+    )
+
+
+def test_too_few_unseen_files_for_any_verdict_is_an_error(
+    tmp_path, ray_local, audit_inputs, capsys
+):
+    lines = audit_inputs["unseen"].read_text().splitlines()[:10]
+    uns = tmp_path / "few.jsonl"
+    uns.write_text("\n".join(lines) + "\n")
+    _fails(
+        capsys,
+        [*_base(audit_inputs, tmp_path), "--unseen", str(uns)],
+        "--unseen has 10 file(s): with audit.calibration=cross a file is calibrated against 10 "
+        "of them, so its p-value is at least 1/11 = 0.091 > audit.fdr = 0.05 and no file could "
+        "ever be flagged; give at least 19 unseen files (or raise audit.fdr)",
+    )
+    assert not (tmp_path / "out" / "rows").exists()  # stopped before any scoring
+
+
+def test_check_counts_messages_and_what_the_calibration_allows():
+    cfg = AuditJobConfig()
+    with pytest.raises(MiaError, match=r"--suspected has 3 file\(s\): the audit needs at least 4 "):
+        check_counts(cfg, 3, 40)
+    cfg.audit.calibration = "split"
+    with pytest.raises(MiaError, match="calibrated against 15 of them.*give at least 38 unseen"):
+        check_counts(cfg, 10, 30)
+    got = check_counts(cfg, 66, 94)
+    assert got == {"n_calibration": 47, "min_p_value": 1 / 48, "min_flagged_together": 28}
+    cfg.audit.calibration, cfg.audit.fdr = "cross", 0.5
+    with pytest.raises(MiaError, match="null check .* needs at least 8"):
+        check_counts(cfg, 10, 5)
+
+
+def test_flags_set_their_config_keys_and_missing_inputs_are_named(tmp_path, capsys):
+    out = tmp_path / "o"
+    args = ["audit", "--model", "org/m:v1 #x", "--suspected", "a", "--unseen", "b"]
+    assert main([*args, "--reference", "r", "--out", str(out), "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert "name_or_path: 'org/m:v1 #x'" in printed and "reference: r" in printed
+    assert "suspected: a" in printed and "unseen: b" in printed
+    _fails(
+        capsys,
+        ["audit", "--model", "m", "--suspected", "a", "--out", str(out)],
+        "audit needs --suspected (the files you think the model trained on) and --unseen "
+        "(files of the same kind it surely never saw)",
+    )
