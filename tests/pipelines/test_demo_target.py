@@ -1,6 +1,6 @@
 """The shipped demo jobs on the demo world itself (not the test world): the acceptance numbers.
 
-Builds the demo world's tiny GPTs once (11-20 minutes on 2 cores) into $MIA_RAY_HOME, the
+Builds the demo world's tiny GPTs once (8-20 minutes on 2 cores) into $MIA_RAY_HOME, the
 same place `make demo` uses, so a machine that ran the demo reuses it. That build is why these
 run apart from the default suite: `make acceptance` (CI runs both), or
 `pytest -m acceptance`.
@@ -69,3 +69,28 @@ def test_demo_untrained_target_lumia_no_layer_above_0_6(tmp_path, ray_local):
     worst = max(report["layers"], key=lambda r: r["auc_mean"])
     assert worst["auc_mean"] <= 0.6, worst
     assert len(report["layers"]) == 4 * 2
+
+
+def _audit(out, target):
+    args = ["audit", "--config", "jobs/audit_demo.yaml", "--set", f"world.target={target}"]
+    assert main([*args, "--out", str(out)]) == 0
+    return json.loads((out / "report.json").read_text())
+
+
+def test_demo_audit_catches_tiny_with_its_member_books_flagged(tmp_path, ray_local):
+    """`make demo`'s first audit: the issue's acceptance numbers."""
+    r = _audit(tmp_path / "audit-tiny", "tiny")
+    assert r["data"]["n_suspected"] == 66 and r["data"]["n_unseen"] == 94
+    assert r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] < 1e-3
+    assert not r["null_check"]["reject"] and not r["blind_check"]["reject"]
+    t = r["truth"]
+    assert t["n_members"] == 50 and t["members_flagged"] >= 0.8 * 50
+    assert t["fdp"] <= 0.1
+    assert r["verdict"]["trained"]
+
+
+def test_demo_audit_clears_a_model_that_never_saw_the_books(tmp_path, ray_local):
+    r = _audit(tmp_path / "audit-random", "tiny-random")
+    assert not r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] > 0.05
+    assert not r["null_check"]["reject"] and not r["blind_check"]["reject"]
+    assert r["per_file"]["n_flagged"] == 0 and not r["verdict"]["trained"]
