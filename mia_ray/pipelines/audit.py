@@ -356,7 +356,7 @@ def _verdict(r: dict) -> dict:
             f"Not evidence of training: the model tells suspected from unseen files ({p}), but "
             f"so do their words alone (blind check p = {_p(blind['p_value'])}): the two sets "
             "differ in kind, and any model would separate them (Das et al. 2024). Give unseen "
-            "files of the same kind as the suspected ones."
+            "files of the same kind as the suspected ones"
         )
         trained = False
     elif t["reject"]:
@@ -369,6 +369,13 @@ def _verdict(r: dict) -> dict:
         trained = False
     if blind and not blind["reject"]:
         text += f"; the blind check does not reject (p = {_p(blind['p_value'])})"
+    if null and not null["reject"]:
+        if blind and not blind["reject"]:
+            text += f", nor does the null check on unseen vs unseen (p = {_p(null['p_value'])})"
+        else:
+            text += (
+                f"; the null check on unseen vs unseen does not reject (p = {_p(null['p_value'])})"
+            )
     if null and null["reject"]:
         text += (
             f". Caution: the null check rejects on two halves of the unseen files (p = "
