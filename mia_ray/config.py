@@ -935,9 +935,11 @@ class AuditConfig:
     C: float = 1.0  # inverse L2 strength of the logistic regression on standardized features
     blind_check: bool = True
     null_check: bool = True
-    methods: list[str] = field(
-        default_factory=list
-    )  # more evidence: copycheck | memhunter | leakage
+    # more evidence, each by its own pipeline into --out/<name>: copycheck | memhunter | leakage
+    methods: list[str] = field(default_factory=list)
+    # --set style overrides of a method's own config, e.g.
+    # {copycheck: ["uncertainty.n_ensemble=4"], memhunter: ["hunter.iterations=3"]}
+    method_settings: dict[str, list[str]] = field(default_factory=dict)
 
     def validate(self) -> None:
         from mia_ray import registry
@@ -963,6 +965,12 @@ class AuditConfig:
                 raise MiaError(f"audit.min_k_ratios must lie in (0, 1], got {r}")
         if not self.min_k_ratios:
             raise MiaError("audit.min_k_ratios is empty")
+        for m in self.method_settings:
+            if m not in self.methods:
+                raise MiaError(
+                    f"audit.method_settings names {m!r}, which audit.methods does not run "
+                    f"(audit.methods: {self.methods})"
+                )
         for m in self.methods:
             if m not in AUDIT_METHODS:
                 raise MiaError(

@@ -160,10 +160,12 @@ def _feature_columns(snip: pd.DataFrame, names: list[str]) -> list[str]:
 )
 def run(cfg: AuditJobConfig, out: Path) -> dict:
     from mia_ray.pipelines.attack import score_attacks
+    from mia_ray.pipelines.audit_methods import method_configs, run_methods
 
     t0 = time.time()
     _resolve_world(cfg)
     a = cfg.audit
+    methods = method_configs(cfg)  # every requested method's config checks out before any work
     check_target_early(cfg.model)
     if cfg.model.reference:
         check_model_early(cfg.model.reference, "model.reference")
@@ -193,6 +195,9 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
     texts = ctx["snippets"].to_pandas().set_index("snippet_id")["text"]
     snip["text"] = snip["snippet_id"].map(texts)
     report = analyse(cfg, snip, features, group, truth, calib)
+    if methods:
+        report["methods"] = run_methods(cfg, out, methods)
+        _merge_copycheck(report)
     _write_outputs(out, snip, features, report)
     report["runtime"] = describe()
     report["timings"] = {
@@ -416,6 +421,19 @@ def _notes(cfg: AuditJobConfig, r: dict) -> list[str]:
             f"(false-discovery proportion {tr['fdp']:.0%})."
         )
     return notes
+
+
+def _merge_copycheck(report: dict) -> None:
+    """CopyCheck's verdict and confidence beside the audit's own, per file; each method's
+    summary keeps its numbers, not the per-file dict the table now shows."""
+    cc = report["methods"].get("copycheck")
+    if not cc:
+        return
+    files = cc.pop("files")
+    for row in report["files"]:
+        got = files.get(row["file_id"], {})
+        row["copycheck_verdict"] = got.get("verdict")
+        row["copycheck_confidence"] = got.get("confidence")
 
 
 def _write_outputs(out: Path, snip: pd.DataFrame, features: list[str], report: dict) -> None:

@@ -113,6 +113,8 @@ def render_audit_report(report: Mapping[str, Any], out_path: str | os.PathLike) 
     cols = ["file_id", "score", "p_value", "q_value", "verdict", "n_snippets"]
     if any("truth" in f for f in r["files"]):
         cols.append("truth")
+    if any("copycheck_verdict" in f for f in r["files"]):
+        cols += ["copycheck_verdict", "copycheck_confidence"]
     sections.append(
         (
             f"Files ({pf['n_flagged']} of {len(r['files'])} flagged at {pf['fdr']:.0%} FDR)",
@@ -129,6 +131,10 @@ def render_audit_report(report: Mapping[str, Any], out_path: str | os.PathLike) 
     sections.append(
         ("Feature weights", img_html(_weights_figure(r["features"]), "feature weights"))
     )
+    for name, summary in (r.get("methods") or {}).items():
+        body = definition_list({k: v for k, v in summary.items() if k != "out"})
+        body += paragraph(f"Its own report: {summary.get('out', '')}/report.html")
+        sections.append((f"More evidence: {name}", body))
     sections.append(("Caveats and method", list_html(r.get("notes") or [])))
     sections.append(("Data", definition_list(r["data"])))
     sections.append(("Model", definition_list(model)))

@@ -208,3 +208,45 @@ def test_flags_set_their_config_keys_and_missing_inputs_are_named(tmp_path, caps
         "audit needs --suspected (the files you think the model trained on) and --unseen "
         "(files of the same kind it surely never saw)",
     )
+
+
+def test_copycheck_on_request_joins_the_files_table(tmp_path, ray_local, audit_inputs):
+    settings = (
+        'audit.method_settings={copycheck: ["uncertainty.samplers=[mcd, ensemble]", '
+        '"uncertainty.ensemble_size=2", "uncertainty.n_samples=4", "finetune.lr=0.001"]}'
+    )
+    # A small audit (6 suspected, 20 unseen files): CopyCheck fine-tunes on every snippet.
+    small = dict(audit_inputs)
+    for side, n in (("suspected", 6), ("unseen", 20)):
+        lines = audit_inputs[side].read_text().splitlines()[:n]
+        small[side] = tmp_path / f"{side}.jsonl"
+        small[side].write_text("\n".join(lines) + "\n")
+    r = _audit(
+        tmp_path / "with-cc", small, "tiny", "--set", "audit.methods=[copycheck]",
+        "--set", settings, "--set", "audit.null_check=false",
+    )  # fmt: skip
+    assert len(r["files"]) == 6
+    cc = r["methods"]["copycheck"]
+    assert cc["out"] == str(tmp_path / "with-cc" / "copycheck") and "files" not in cc
+    assert {f["copycheck_verdict"] for f in r["files"]} <= {"seen", "unseen"}
+    assert all(0 <= f["copycheck_confidence"] <= 1 for f in r["files"])
+    sub = json.loads((tmp_path / "with-cc" / "copycheck" / "report.json").read_text())
+    assert sub["data"]["mode"] == "audit"
+    assert "copycheck_verdict" in (tmp_path / "with-cc" / "report.html").read_text()
+
+
+def test_a_method_setting_with_a_typo_stops_before_any_work(tmp_path, audit_inputs, capsys):
+    _fails(
+        capsys,
+        [
+            *_base(audit_inputs, tmp_path),
+            "--unseen",
+            str(audit_inputs["unseen"]),
+            "--set",
+            "audit.methods=[copycheck]",
+            "--set",
+            'audit.method_settings={copycheck: ["uncertainty.n_samplez=4"]}',
+        ],
+        "audit.methods copycheck: unknown config key 'uncertainty.n_samplez'; did you mean "
+        "'n_samples'?",
+    )
