@@ -70,6 +70,9 @@ PII_LABELS = {
 DETECTION_HEADER = "Answer 1 if the text was in your training data and 0 if it was not.\n\n"
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+# The same breaks (group 1), found from the punctuation before them: a pattern that starts
+# with a character class is searched for in C, one that starts with a lookbehind is not.
+_AFTER_PUNCT = re.compile(r"[.!?](\s+)(?=[A-Z\"'(])")
 
 
 def _seed(*parts: object) -> int:
@@ -80,15 +83,20 @@ def sentence_bounds(text: str, start: int, end: int) -> tuple[int, int]:
     """The sentence of ``text`` holding ``[start, end)``: from the last sentence break at or
     before ``start`` to the first one at or after ``end`` (a break is ". " before a capital;
     paragraph breaks count too)."""
-    a, b = 0, len(text)
-    for m in _SENTENCE_END.finditer(text):
-        if m.end() <= start:
-            a = m.end()
-        elif m.start() >= end:
-            b = m.start()
-            break
+    # A break is a whole whitespace run (its first character follows [.!?]), found wherever a
+    # search starts outside it: read from the start of the run holding the paragraph break
+    # before ``start`` (an earlier break ends before the paragraph), not from the text's start.
     para = text.rfind("\n", 0, start)
+    a = frm = max(para, 0)
+    while frm and text[frm - 1].isspace():
+        frm -= 1
+    for m in _AFTER_PUNCT.finditer(text, max(frm - 1, 0)):
+        if m.end() > start:
+            break
+        a = max(a, m.end())
     a = max(a, para + 1)
+    nxt = _AFTER_PUNCT.search(text, max(end - 1, 0))
+    b = nxt.start(1) if nxt else len(text)
     nl = text.find("\n", end)
     b = min(b, nl) if nl >= 0 else b
     return a, b

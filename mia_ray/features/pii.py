@@ -7,8 +7,11 @@ validator (checksum, calendar, issuer range...) and optional context words that 
 few characters before the match. Person names come from a gazetteer: the US Census 1990 name
 lists shipped in the data package ``names==0.3.0``, read as files (never imported).
 
-Everything here is pure Python (stdlib ``re``, ``hashlib``, ``datetime``...): no torch, no ray,
-so it can run inside Ray Data map tasks over many MB of text.
+The findings are those of the stdlib ``re`` patterns and the Python checks below. To scan
+many MB of text, :func:`scan_pii_many` first runs one Hyperscan pass over a batch of texts
+(their :class:`~mia_ray.features.textbatch.TextBatch` view) that says which types may match
+in which text and where a name may start, and reads only there; without Hyperscan every text
+is read whole, with the same findings. No torch, no ray: it runs inside Ray Data actors.
 """
 
 from __future__ import annotations
@@ -20,13 +23,23 @@ import hashlib
 import ipaddress
 import json
 import re
+import string
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
+import numpy as np
+
+try:
+    from re import _parser as _sre_parse  # Python 3.11+
+except ImportError:  # Python 3.10
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
 from mia_ray.errors import MiaError
+from mia_ray.features.textbatch import TextBatch
 
 NAMES_PACKAGE = "names"
 NAMES_PIP = "names==0.3.0"
@@ -707,6 +720,79 @@ def find_person_names(
     return out
 
 
+_TOKEN_CHARS = frozenset(string.ascii_letters + ".'’-")  # what a name token is made of
+
+
+def _names_at(
+    text: str, candidates: Iterable[int], first: frozenset[str], last: frozenset[str]
+) -> list[PiiMatch]:
+    """:func:`find_person_names` (default lists) read only at ``candidates``: sorted offsets
+    that include every token starting a name there (an honorific or a first name).
+
+    A name starts only at such a token and spans at most four, so reading on from each
+    candidate with the tokens after it gives the same names as the scan over every token."""
+
+    def surname(tok: str) -> bool:
+        return tok[-1] != "." and all(_key(p) in last for p in tok.split("-"))
+
+    def after(end: int, dot: bool = False) -> re.Match[str] | None:
+        """The token after the one ending at ``end`` if 1-2 spaces (after a '.' when ``dot``)
+        separate them: the first token at or after ``end``, read where it can start."""
+        if not (text[end : end + 1].isspace() or dot and text[end : end + 1] == "."):
+            return None  # the first character of a gap that qualifies
+        for pos in range(end + 1, end + 3 + dot):
+            m = _NAME_TOKEN.match(text, pos)
+            if m:
+                gap = text[end:pos]
+                return m if _space(gap.removeprefix(".") if dot else gap) else None
+        return None
+
+    def full_name(tok: re.Match[str]) -> re.Match[str] | None:
+        if tok[0][-1] == "." or _key(tok[0]) not in first:
+            return None
+        if (mid := after(tok.end())) is not None:
+            if (mid[0][-1] == "." or _key(mid[0]) in first) and (
+                (sur := after(mid.end())) is not None and surname(sur[0])
+            ):
+                return sur
+            if surname(mid[0]):
+                return mid
+        return None
+
+    out: list[PiiMatch] = []
+    done = 0  # the names found so far end here: no name starts inside one
+    for c in candidates:
+        if c < done:
+            continue
+        if c and text[c - 1] in _TOKEN_CHARS:  # does a token start at c, or end beyond it?
+            q = c
+            while q and text[q - 1] in _TOKEN_CHARS:
+                q -= 1
+            tok = next((m for m in _NAME_TOKEN.finditer(text, q) if m.end() > c), None)
+            if tok is None or tok.start() != c:
+                continue
+        elif (tok := _NAME_TOKEN.match(text, c)) is None:
+            continue
+        j = None
+        if tok[0] in HONORIFICS and (nxt := after(tok.end(), dot=True)) is not None:
+            j = full_name(nxt)
+            if j is None and surname(nxt[0]):
+                j = nxt
+            elif (  # "Dr. J. Smith"
+                j is None
+                and nxt[0][-1] == "."
+                and (sur := after(nxt.end())) is not None
+                and surname(sur[0])
+            ):
+                j = sur
+        if j is None:
+            j = full_name(tok)
+        if j is not None:
+            out.append(PiiMatch(PERSON_NAME, c, j.end(), text[c : j.end()]))
+            done = j.end()
+    return out
+
+
 # ------------------------------------------------------------------------------ scanning
 
 
@@ -724,22 +810,328 @@ def _check_types(types: Iterable[str] | None) -> tuple[PiiType, ...]:
     return tuple(t for t in PII_TYPES if t.name in keep)
 
 
-def scan_pii(text: str, types: Iterable[str] | None = None, names: bool = True) -> list[PiiMatch]:
-    """Every PII finding in ``text``, sorted by start offset.
+def _without_lookarounds(pattern: str) -> str:
+    """``pattern`` without its lookarounds and with each backreference replaced by its group:
+    a pattern that matches every string ``pattern`` matches (and others). (Keeping a leading
+    lookbehind as a character matched in front cuts few reports and slows Hyperscan down.)"""
+    out: list[str] = []
+    groups: list[str] = []  # the text of each capturing group, by number
+    opened: list[tuple[int, int]] = []  # (where in out, group number or 0) of each open "("
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            if pattern[i + 1] in "123456789":
+                out.append(f"(?:{groups[int(pattern[i + 1]) - 1]})")
+            else:
+                out.append(pattern[i : i + 2])
+            i += 2
+        elif c == "[":
+            j = i + 1 + (pattern[i + 1] == "^")
+            j += pattern[j] == "]"  # a leading ] is a member
+            while pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            out.append(pattern[i : j + 1])
+            i = j + 1
+        elif pattern.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
+            depth = 0
+            while True:  # skip to its closing parenthesis
+                c = pattern[i]
+                if c == "\\":
+                    i += 1
+                elif c == "[":
+                    i += 1 + (pattern[i + 1] == "^")
+                    i += pattern[i] == "]"
+                    while pattern[i] != "]":
+                        i += 2 if pattern[i] == "\\" else 1
+                elif c == "(":
+                    depth += 1
+                elif c == ")":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                i += 1
+            i += 1
+        elif c == "(":
+            if not pattern.startswith("(?", i):
+                groups.append("")
+            opened.append((len(out), 0 if pattern.startswith("(?", i) else len(groups)))
+            out.append(c)
+            i += 1
+        elif c == ")":
+            at, number = opened.pop()
+            if number:
+                groups[number - 1] = "".join(out[at + 1 :])
+            out.append(c)
+            i += 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
-    ``types`` picks regex types (default: all 20); ``names`` adds ``person_name`` matches.
-    Overlap rule: findings never overlap. When two do, the type with the higher ``priority``
-    wins (on a tie, the longer one), and the loser is dropped whole. Priorities put container
-    and checksum-validated types first: a private-key header, JWT or ``scheme://user:pw@host``
-    URL swallows an email, IPv4 or phone inside it; a Luhn-valid card or mod-97 IBAN beats a
-    phone reading of the same digits; context-gated and loose types (dates of birth, passport
-    numbers, street addresses) come last, and person names lose to every regex type.
-    """
-    chosen = _check_types(types)
-    lower = text.lower() if any(t.context for t in chosen) else text
-    found = [m for t in chosen for m in _find(t, text, lower)]
-    if names:
-        found.extend(find_person_names(text))
+
+def _core(pattern: str) -> str:
+    """A prefix of ``pattern`` (lookaround-free) that every match of it starts with: trailing
+    optional parts dropped and the last repeat at its least, into the last group's branches,
+    so that Hyperscan, which reports every end a pattern can match at, reports about one end
+    where the text holds one."""
+    branches: list[list[list[str]]] = [[]]  # per top-level branch: [atom, quantifier] elements
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "|":
+            branches.append([])
+            i += 1
+            continue
+        if c == "\\":
+            j = i + 2
+        elif c == "[":
+            j = i + 1 + (pattern[i + 1] == "^")
+            j += pattern[j] == "]"
+            while pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            j += 1
+        elif c == "(":
+            j, depth = i, 0
+            while True:
+                if pattern[j] == "\\":
+                    j += 1
+                elif pattern[j] == "[":
+                    j += 1 + (pattern[j + 1] == "^")
+                    j += pattern[j] == "]"
+                    while pattern[j] != "]":
+                        j += 2 if pattern[j] == "\\" else 1
+                elif pattern[j] == "(":
+                    depth += 1
+                elif pattern[j] == ")":
+                    depth -= 1
+                    if not depth:
+                        break
+                j += 1
+            j += 1
+        else:
+            j = i + 1
+        q = re.match(r"(?:[?*+]|\{\d*(?:,\d*)?\})[?+]?", pattern[j:])
+        k = j + (q.end() if q else 0)
+        branches[-1].append([pattern[i:j], pattern[j:k]])
+        i = k
+    out = []
+    for parts in branches:
+        while len(parts) > 1 and re.match(r"[?*]|\{0*(?:,|\})|\{,", parts[-1][1]):
+            parts.pop()  # may be absent: the prefix before it is a match's prefix
+        if not parts:
+            out.append("")  # an empty branch
+            continue
+        atom, q = parts[-1]
+        m = re.match(r"(?:\+|\{(\d+)(?:,\d*)?\})[?+]?$", q)
+        if q and not m:
+            out.append(atom + q)  # the branch is one optional element: keep it whole
+            continue
+        n = int(m[1]) if m and m[1] else 1
+        opener = re.match(r"\((?:\?[a-z]*:)?", atom)
+        if opener and atom.endswith(")") and not atom.startswith(("(?P", "(?#")):
+            # The n-th repeat of a group: its own core (the earlier ones whole).
+            body = atom[opener.end() : -1]
+            last = f"{opener[0]}{_core(body)})"
+            parts[-1] = [f"(?:{body}){{{n - 1}}}{last}" if n > 1 else last, ""]
+        else:
+            parts[-1][1] = f"{{{n}}}" if n > 1 else ""
+        out.append("".join(a + b for a, b in parts))
+    return "|".join(out)
+
+
+_UNBOUNDED = 1 << 32
+
+
+def _reach(items) -> int:
+    """How many characters past the current position the lookaheads and ``\\b`` of a parsed
+    pattern (``re``'s parse tree) may read."""
+    c = _sre_parse
+    out = 0
+    for op, av in items:
+        if op in (c.ASSERT, c.ASSERT_NOT):
+            direction, sub = av
+            out = max(out, (sub.getwidth()[1] if direction == 1 else 0) + _reach(sub))
+        elif op is c.AT:
+            out = max(out, 1)
+        elif op is c.BRANCH:
+            out = max([out, *(_reach(b) for b in av[1])])
+        elif op is c.SUBPATTERN:
+            out = max(out, _reach(av[-1]))
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT):
+            out = max(out, _reach(av[2]))
+        elif op not in (c.LITERAL, c.NOT_LITERAL, c.IN, c.ANY, c.GROUPREF):
+            return _UNBOUNDED  # a construct not looked into: no bound
+    return out
+
+
+def _geometry(pattern: re.Pattern[str], core: str) -> tuple[int, int, int]:
+    """(least and most characters a ``core`` match spans, most characters a ``pattern``
+    match attempt reads from its start): ``_UNBOUNDED`` where there is no bound."""
+    cmin, cmax = _sre_parse.parse(core).getwidth()
+    parsed = _sre_parse.parse(pattern.pattern, pattern.flags)
+    reads = parsed.getwidth()[1] + _reach(parsed)
+    return cmin, min(cmax, _UNBOUNDED), min(reads, _UNBOUNDED)
+
+
+def _find_near(
+    t: PiiType, text: str, spans: list[tuple[int, int]], reads: int
+) -> Iterable[PiiMatch]:
+    """:func:`_find` for a type without context words, given ranges [lo, hi] (sorted by lo)
+    outside which no match of its pattern starts (from its prefilter's reports). Each search
+    starts where the next match can start and, when an attempt reads at most ``reads``
+    characters, is cut where the last attempt the range allows can reach."""
+    pos = 0
+    seen: set[int] = set()
+    for lo, hi in spans:
+        if hi < pos:
+            continue
+        endpos = len(text) if reads >= _UNBOUNDED else min(len(text), hi + reads + 1)
+        pos = max(pos, lo)
+        while pos <= hi:
+            m = t.pattern.search(text, pos, endpos)
+            if m is None or m.start() > hi:
+                pos = hi + 1  # none starts up to hi: the next range is read from past it
+                break
+            start, value = m.start(), m.group()
+            if t.validator is not None and not t.validator(value):
+                pos = start + 1
+                continue
+            pos = m.end()
+            if start not in seen:
+                seen.add(start)
+                yield PiiMatch(t.name, start, m.end(), value)
+
+
+class _Prefilter:
+    """One Hyperscan pass over a :class:`TextBatch`'s view telling, per text, which regex
+    types may match in it and where a person's name may start.
+
+    A type's pattern without its lookarounds (:func:`_without_lookarounds`) matches the view
+    wherever the pattern matches the text, and so does its :func:`_core`, whose match ends
+    locate the pattern's; a context-gated type needs one of its context words (any case); a
+    name starts at an honorific or at a first name of the lists (its first letter upper case,
+    the rest in any case, a word ending there). A text holding a token with an apostrophe
+    after its first letter ("O'Brien") is read for names whole. A type whose pattern
+    Hyperscan cannot compile is always read whole."""
+
+    # Pattern ids: a type's index; 999 the apostrophe token; 1000 + k the k-th name pattern.
+    _NAMES, _APOSTROPHE = 1000, 999
+
+    def __init__(self, hyperscan, chosen: tuple[PiiType, ...], names: bool):
+        exprs: list[tuple[bytes, int, int]] = []  # (expression, id, flags)
+        self.always: set[int] = set()  # types read whole in every text
+        # Types read near their reports: (least and most characters of a core match, most
+        # characters a pattern's attempt reads), _UNBOUNDED where there is no bound.
+        self.geometry: dict[int, tuple[int, int, int]] = {}
+        for k, t in enumerate(chosen):
+            if t.context:
+                for w in t.context:
+                    e = r"\b" if w[-1].isalnum() else ""
+                    exprs.append((f"{re.escape(w)}{e}".encode(), k, hyperscan.HS_FLAG_CASELESS))
+                continue
+            core = _core(_without_lookarounds(t.pattern.pattern))
+            try:
+                self.geometry[k] = _geometry(t.pattern, core)
+                hyperscan.Database().compile(expressions=[core.encode()], ids=[k], elements=1)
+            except (hyperscan.error, re.error):
+                self.always.add(k)
+                self.geometry.pop(k, None)
+            else:
+                exprs.append((core.encode(), k, 0))
+        if names:
+            # A name's first token is followed by 1-2 spaces (after a '.' for an honorific) and
+            # the next token's capital: one pattern per name (quicker to compile and to run than
+            # alternations; ids of their own, or Hyperscan compiles them many times slower). No
+            # \b in front (it slows Hyperscan down several times): the token is read there.
+            first, _ = name_lists(DEFAULT_FIRST_TOP, None)
+            heads = [(f"{n[0]}(?i:{n[1:].lower()})", len(n)) for n in sorted(first)]
+            for h in sorted(HONORIFICS):
+                heads += [(h, len(h)), (f"{h}\\.", len(h) + 1)]
+            for k, (head, _) in enumerate(heads):
+                exprs.append((rf"{head}[ \t\r\f]{{1,2}}[A-Z]".encode(), self._NAMES + k, 0))
+            self._name_len = np.array([n for _, n in heads], dtype=np.int64)
+            exprs.append((b"[A-Z]'[A-Z]", self._APOSTROPHE, 0))
+        self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        if exprs:
+            e, i, f = zip(*exprs, strict=True)
+            self.db.compile(expressions=list(e), ids=list(i), elements=len(e), flags=list(f))
+        self.empty = not exprs
+        self._scratch = hyperscan.Scratch  # one scratch space per thread (Hyperscan's rule)
+        self._local = threading.local()
+
+    def scan(
+        self, batch: TextBatch
+    ) -> tuple[list[dict[int, list[tuple[int, int]] | None]], list[list[int]], list[bool]]:
+        """Per text: the types to read (type index: the ranges, sorted, outside which no match
+        starts, or None to read the text whole), the candidate name starts (sorted), whether
+        to read it whole for names."""
+        n = len(batch.texts)
+        types: list[dict] = [dict.fromkeys(self.always) for _ in range(n)]
+        starts: list[list[int]] = [[] for _ in range(n)]
+        whole = [False] * n
+        if self.empty:
+            return types, starts, whole
+        hits: list[tuple[int, int]] = []
+        if (scratch := getattr(self._local, "scratch", None)) is None:
+            scratch = self._local.scratch = self._scratch(self.db)
+        self.db.scan(batch.view, match_event_handler=_collect, context=hits, scratch=scratch)
+        if not hits:
+            return types, starts, whole
+        ids, ends = np.array(hits, dtype=np.int64).T
+        # A name report ends after the capital that follows its 1-2 spaces: two spaces when
+        # the character three back is one (with one, it is the name's last letter).
+        name = ids >= self._NAMES
+        if name.any():
+            e = ends[name]
+            two = _SPACE_BYTE[np.frombuffer(batch.view, dtype=np.uint8)[e - 3]]
+            ends[name] = e - 2 - two - self._name_len[ids[name] - self._NAMES]  # its start
+        docs = batch.doc_of(ends - (~name))  # (a start is in its text; an end, just after)
+        ends = (ends - batch.offsets[docs]).tolist()
+        geometry = self.geometry
+        for i, e, d in zip(ids.tolist(), ends, docs.tolist(), strict=True):
+            if i >= self._NAMES:
+                starts[d].append(e)
+            elif i == self._APOSTROPHE:
+                whole[d] = True
+            elif i in geometry:
+                # A match starting at s has a core match [s, e) with cmin <= e - s <= cmax.
+                cmin, cmax, _ = geometry[i]
+                types[d].setdefault(i, []).append((max(0, e - cmax), e - cmin))
+            else:
+                types[d][i] = None
+        for per_type in types:
+            for spans in per_type.values():
+                if spans is not None:
+                    spans.sort()
+        for s in starts:
+            s.sort()
+        return types, starts, whole
+
+
+_SPACE_BYTE = np.zeros(256, dtype=np.int64)
+_SPACE_BYTE[list(b" \t\r\f")] = 1
+
+
+def _collect(i: int, start: int, end: int, flags: int, hits: list[tuple[int, int]]) -> None:
+    hits.append((i, end))
+
+
+@functools.cache
+def _prefilter(types: tuple[str, ...], names: bool) -> _Prefilter | None:
+    """The prefilter for these types, or None without Hyperscan (every text is read whole)."""
+    try:
+        import hyperscan
+    except ImportError:
+        return None
+    try:
+        return _Prefilter(hyperscan, tuple(_BY_NAME[t] for t in types), names)
+    except hyperscan.error:  # a database Hyperscan will not build: read every text whole
+        return None
+
+
+def _resolve(found: list[PiiMatch]) -> list[PiiMatch]:
+    """The overlap rule of :func:`scan_pii` applied to every candidate finding."""
     found.sort(key=lambda m: (-_PRIORITY.get(m.type, -1), -(m.end - m.start), m.start))
     starts: list[int] = []  # kept spans, sorted and disjoint
     kept: list[PiiMatch] = []
@@ -752,6 +1144,63 @@ def scan_pii(text: str, types: Iterable[str] | None = None, names: bool = True) 
         starts.insert(k, m.start)
         kept.insert(k, m)
     return kept
+
+
+def scan_pii(text: str, types: Iterable[str] | None = None, names: bool = True) -> list[PiiMatch]:
+    """Every PII finding in ``text``, sorted by start offset.
+
+    ``types`` picks regex types (default: all 20); ``names`` adds ``person_name`` matches.
+    Overlap rule: findings never overlap. When two do, the type with the higher ``priority``
+    wins (on a tie, the longer one), and the loser is dropped whole. Priorities put container
+    and checksum-validated types first: a private-key header, JWT or ``scheme://user:pw@host``
+    URL swallows an email, IPv4 or phone inside it; a Luhn-valid card or mod-97 IBAN beats a
+    phone reading of the same digits; context-gated and loose types (dates of birth, passport
+    numbers, street addresses) come last, and person names lose to every regex type.
+    """
+    return scan_pii_many([text], types, names)[0]
+
+
+def scan_pii_many(
+    texts: Sequence[str],
+    types: Iterable[str] | None = None,
+    names: bool = True,
+    batch: TextBatch | None = None,
+) -> list[list[PiiMatch]]:
+    """:func:`scan_pii` of each text, reading only where a prefilter pass over all of them
+    at once (Hyperscan, when installed) says a finding may be: the same findings, many
+    times faster on prose. ``batch``: the texts' :class:`TextBatch`, if already built."""
+    chosen = _check_types(types)
+    pre = _prefilter(tuple(t.name for t in chosen), names)
+    if pre is None:
+        every = dict.fromkeys(range(len(chosen)))
+        plan = [(every, None, True) for _ in texts]
+    else:
+        plan = list(zip(*pre.scan(batch or TextBatch(texts)), strict=True))
+    first, last = (
+        name_lists(DEFAULT_FIRST_TOP, None)
+        if names and pre is not None
+        else (frozenset(), frozenset())
+    )
+    out = []
+    for text, (read, name_starts, whole) in zip(texts, plan, strict=True):
+        lower = None
+        found = []
+        for k, spans in read.items():
+            t = chosen[k]
+            if spans is not None:
+                if not t.hints or any(h in text for h in t.hints):  # as _find
+                    found.extend(_find_near(t, text, spans, pre.geometry[k][2]))
+                continue
+            if t.context and lower is None:
+                lower = text.lower()
+            found.extend(_find(t, text, lower))
+        if names:
+            if whole:
+                found.extend(find_person_names(text))
+            elif name_starts:
+                found.extend(_names_at(text, name_starts, first, last))
+        out.append(_resolve(found) if found else [])
+    return out
 
 
 # ------------------------------------------------------------------------------ evaluation

@@ -7,11 +7,15 @@ apostrophes), so a copy that only changes line breaks, case or punctuation still
 Each word gets a 64-bit BLAKE2b hash; a window of ``span`` words hashes to the polynomial
 ``sum_t h[j+t] * B**(span-1-t) mod 2**64``, computed for every window at once with numpy.
 The store is a sorted uint64 array with, per hash, the reference text and word position it
-came from; a lookup is one ``searchsorted`` per batch of query hashes.
+came from; a lookup is one ``searchsorted`` per batch of query hashes. It also keeps the
+fingerprints of its texts' ASCII words (its vocabulary): :meth:`ShingleStore.match_many`
+hashes only the texts of a batch that hold ``span`` consecutive words it may know (a word
+outside its vocabulary cannot be in a matching window), which is few of them.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
@@ -22,33 +26,48 @@ from pathlib import Path
 import numpy as np
 
 from mia_ray.errors import MiaError
+from mia_ray.features.textbatch import TextBatch, fingerprints
 
+# The words: the matches of this pattern (located with numpy by ``TextBatch.words``).
 _WORD = re.compile(r"\w+(?:['’]\w+)*")
 # An odd 64-bit multiplier: windows that differ anywhere hash apart except with probability
 # about 2**-64 per pair (word hashes are independent uniform 64-bit values).
 _BASE = np.uint64(0x9E3779B97F4A7C15)
+_BASE_INV = np.uint64(pow(0x9E3779B97F4A7C15, -1, 2**64))
+_VOCAB_BITS = 22  # a store's vocabulary filter: 4 M bits, so ~0.1 % false hits per 4 k words
 
 
 def words_with_offsets(text: str) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Normalised words of ``text`` and each word's character [start, end) in ``text``."""
-    words, starts, ends = [], [], []
-    for m in _WORD.finditer(text):  # NFKC per word, so offsets stay those of ``text``
-        words.append(unicodedata.normalize("NFKC", m.group()).lower().replace("’", "'"))
-        starts.append(m.start())
-        ends.append(m.end())
-    return words, np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    starts, ends, _ = TextBatch([text]).words  # the matches of _WORD, located with numpy
+    return _normalised(text, starts, ends), starts, ends
+
+
+def _normalised(text: str, starts: np.ndarray, ends: np.ndarray) -> list[str]:
+    if not len(starts):
+        return []
+    # NFKC per word, so offsets stay those of ``text``: all words at once, newline-separated
+    # (a newline never composes with a neighbour, nor stops ``lower`` seeing a word's end).
+    joined = "\n".join([text[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)])
+    if not joined.isascii():
+        joined = unicodedata.normalize("NFKC", joined).replace("’", "'")
+    return joined.lower().split("\n")
+
+
+_HASH_CACHE: dict[str, int] = {}
+_HASH_CACHE_SIZE = 1 << 17  # words; about 15 MB
 
 
 def word_hashes(words: list[str]) -> np.ndarray:
-    """(n,) uint64: BLAKE2b-64 of each word."""
-    return np.fromiter(
-        (
-            int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little")
-            for w in words
-        ),
-        dtype=np.uint64,
-        count=len(words),
-    )
+    """(n,) uint64: BLAKE2b-64 of each word (cached: text repeats its words)."""
+    cache = _HASH_CACHE
+    new = set(words).difference(cache)
+    if len(cache) + len(new) > _HASH_CACHE_SIZE:
+        cache.clear()
+        new = set(words)
+    for w in new:
+        cache[w] = int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little")
+    return np.fromiter(map(cache.__getitem__, words), dtype=np.uint64, count=len(words))
 
 
 def window_hashes(words: list[str], span: int) -> np.ndarray:
@@ -58,14 +77,28 @@ def window_hashes(words: list[str], span: int) -> np.ndarray:
     n = len(words) - span + 1
     if n <= 0:
         return np.zeros(0, dtype=np.uint64)
+    # sum_t h[j+t] B**(span-1-t) = B**(span-1+j) * (P[j+span] - P[j]), P[i] = sum_{k<i} h[k] B**-k:
+    # B is odd, so it has an inverse mod 2**64, and every window costs O(1).
     h = word_hashes(words)
-    out = np.zeros(n, dtype=np.uint64)
-    power = np.uint64(1)
-    with np.errstate(over="ignore"):  # arithmetic mod 2**64 is the point
-        for t in range(span - 1, -1, -1):
-            out += h[t : t + n] * power
-            power = power * _BASE
-    return out
+    m = len(words)
+    power = np.full(m + span, _BASE, dtype=np.uint64)
+    inverse = np.full(m, _BASE_INV, dtype=np.uint64)
+    power[0] = inverse[0] = 1
+    power, inverse = np.cumprod(power), np.cumprod(inverse)  # products wrap mod 2**64
+    prefix = np.zeros(m + 1, dtype=np.uint64)
+    np.cumsum(h * inverse, out=prefix[1:])
+    return (prefix[span:] - prefix[:n]) * power[span - 1 : span - 1 + n]
+
+
+def vocabulary(words: list[str]) -> np.ndarray:
+    """Sorted unique uint64 fingerprints (:func:`~mia_ray.features.textbatch.fingerprints`)
+    of the ASCII words among normalised ``words``: a store's vocabulary."""
+    kept = [w for w in words if w.isascii()]
+    if not kept:
+        return np.zeros(0, dtype=np.uint64)
+    sizes = np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))
+    ends = np.cumsum(sizes)
+    return np.unique(fingerprints("".join(kept).encode("ascii"), ends - sizes, ends))
 
 
 @dataclass(frozen=True)
@@ -86,7 +119,9 @@ class ShingleStore:
 
     ``hashes`` (m,) sorted uint64; ``ref`` (m,) int32 index into ``ref_ids``; ``pos`` (m,)
     int32 word position of the window in its reference text. Texts shorter than ``span``
-    words are left out (the paper drops them too) and counted in ``skipped``.
+    words are left out (the paper drops them too) and counted in ``skipped``. ``vocab``: the
+    sorted fingerprints of the kept texts' ASCII words (:func:`vocabulary`), or None (a store
+    saved without one: :meth:`match_many` then hashes every text).
     """
 
     def __init__(
@@ -97,6 +132,7 @@ class ShingleStore:
         ref: np.ndarray,
         pos: np.ndarray,
         skipped: int = 0,
+        vocab: np.ndarray | None = None,
     ):
         order = np.argsort(hashes, kind="stable")
         self.span = int(span)
@@ -105,25 +141,42 @@ class ShingleStore:
         self.ref = np.asarray(ref, dtype=np.int32)[order]
         self.pos = np.asarray(pos, dtype=np.int32)[order]
         self.skipped = int(skipped)
+        self.vocab = None if vocab is None else np.unique(np.asarray(vocab, dtype=np.uint64))
+
+    @functools.cached_property
+    def _vocab_bits(self) -> np.ndarray:
+        """A one-hash Bloom filter of ``vocab`` (top bits of each fingerprint): membership in
+        one gather, with a few false hits, which only cost an exact look."""
+        bits = np.zeros(1 << _VOCAB_BITS, dtype=bool)
+        bits[self.vocab >> np.uint64(64 - _VOCAB_BITS)] = True
+        return bits
 
     @classmethod
     def build(cls, texts: Iterable[tuple[str, str]], span: int) -> ShingleStore:
         """From ``(ref_id, text)`` pairs."""
-        return cls.from_hashes(
-            ((ref_id, window_hashes(words_with_offsets(text)[0], span)) for ref_id, text in texts),
-            span,
-        )
+
+        def hashed(text: str) -> tuple[np.ndarray, np.ndarray]:
+            words = words_with_offsets(text)[0]
+            return window_hashes(words, span), vocabulary(words)
+
+        return cls.from_hashes(((ref_id, *hashed(text)) for ref_id, text in texts), span)
 
     @classmethod
-    def from_hashes(cls, items: Iterable[tuple[str, np.ndarray]], span: int) -> ShingleStore:
-        """From ``(ref_id, window hashes)`` pairs hashed elsewhere (e.g. by Ray Data workers);
-        a text with no window (shorter than ``span``) is counted in ``skipped``."""
+    def from_hashes(cls, items: Iterable[tuple], span: int) -> ShingleStore:
+        """From ``(ref_id, window hashes[, vocabulary])`` hashed elsewhere (e.g. by Ray Data
+        workers); a text with no window (shorter than ``span``) is counted in ``skipped``. The
+        store has a vocabulary when every text kept came with its :func:`vocabulary`."""
         ids, hs, refs, poss, skipped = [], [], [], [], 0
-        for ref_id, h in items:
+        vocab: list[np.ndarray] | None = []
+        for ref_id, h, *v in items:
             h = np.asarray(h, dtype=np.uint64)
             if not len(h):
                 skipped += 1
                 continue
+            if vocab is not None and v:
+                vocab.append(np.asarray(v[0], dtype=np.uint64))
+            else:
+                vocab = None
             refs.append(np.full(len(h), len(ids), dtype=np.int32))
             poss.append(np.arange(len(h), dtype=np.int32))
             hs.append(h)
@@ -131,7 +184,13 @@ class ShingleStore:
         if not ids:
             raise MiaError(f"no reference text has {span} words or more: nothing to match against")
         return cls(
-            span, ids, np.concatenate(hs), np.concatenate(refs), np.concatenate(poss), skipped
+            span,
+            ids,
+            np.concatenate(hs),
+            np.concatenate(refs),
+            np.concatenate(poss),
+            skipped,
+            None if vocab is None else np.concatenate(vocab),
         )
 
     @classmethod
@@ -146,6 +205,7 @@ class ShingleStore:
             refs.append(p.ref + offset)
             poss.append(p.pos)
             offset += len(p.ref_ids)
+        vocabs = [p.vocab for p in parts]
         return cls(
             parts[0].span,
             ids,
@@ -153,6 +213,7 @@ class ShingleStore:
             np.concatenate(refs),
             np.concatenate(poss),
             sum(p.skipped for p in parts),
+            None if any(v is None for v in vocabs) else np.concatenate(vocabs),
         )
 
     def __len__(self) -> int:
@@ -172,14 +233,44 @@ class ShingleStore:
         several references share (a question quoting its passage) keeps every alignment
         alive; a run names the first reference id, by id, of those it follows to its end, so
         the result does not depend on the order the store was built in."""
-        words, starts, ends = words_with_offsets(text)
-        queries = window_hashes(words, self.span)
+        return self._match(text, *words_with_offsets(text)[1:])
+
+    def _match(self, text: str, starts: np.ndarray, ends: np.ndarray) -> list[SpanMatch]:
+        """:meth:`match`, given the offsets of the words of ``text``."""
+        queries = window_hashes(_normalised(text, starts, ends), self.span)
+        n = len(self.hashes)
+        if not n or not len(queries):
+            return []
         lo = np.searchsorted(self.hashes, queries, side="left")
-        hi = np.searchsorted(self.hashes, queries, side="right")
+        hits = np.flatnonzero(self.hashes[np.minimum(lo, n - 1)] == queries)
+        if not len(hits):
+            return []
+        # Most windows are in one place of the store only: look up the others' last place.
+        hi = lo + 1
+        nxt = lo[hits] + 1
+        more = hits[(nxt < n) & (self.hashes[np.minimum(nxt, n - 1)] == queries[hits])]
+        if more.size:
+            hi[more] = np.searchsorted(self.hashes, queries[more], side="right")
+        else:  # every window in one place: all runs at once
+            ref, pos = self.ref[lo[hits]], self.pos[lo[hits]]
+            # A window continues a run when it is the next one and the same reference's next.
+            goes_on = (np.diff(hits) == 1) & (np.diff(ref) == 0) & (np.diff(pos) == 1)
+            heads = np.flatnonzero(np.concatenate([[True], ~goes_on]))
+            tails = np.append(heads[1:], len(hits)) - 1
+            return [
+                SpanMatch(r, p, a, b + self.span, int(starts[a]), int(ends[b + self.span - 1]))
+                for r, p, a, b in zip(
+                    ref[heads].tolist(),
+                    pos[heads].tolist(),
+                    hits[heads].tolist(),
+                    hits[tails].tolist(),
+                    strict=True,
+                )
+            ]
         out: list[SpanMatch] = []
         first = last = -1
         alive: set[tuple[int, int]] = set()  # (ref, its position at the run's first window)
-        for j in np.flatnonzero(hi > lo).tolist():
+        for j in hits.tolist():
             cands = {(int(self.ref[k]), int(self.pos[k])) for k in range(lo[j], hi[j])}
             if alive and j == last + 1:
                 kept = {(r, p - (j - first)) for r, p in cands} & alive
@@ -191,6 +282,23 @@ class ShingleStore:
             alive, first, last = set(cands), j, j
         if alive:
             out.append(self._span(alive, first, last, starts, ends))
+        return out
+
+    def match_many(self, batch: TextBatch) -> list[list[SpanMatch]]:
+        """:meth:`match` of every text of ``batch``, hashing only those that hold ``span``
+        consecutive words each either non-ASCII or in the vocabulary: a matching window's
+        words are all in its reference text, so the others cannot match."""
+        out: list[list[SpanMatch]] = [[] for _ in batch.texts]
+        if self.vocab is None:
+            todo = range(len(batch.texts))
+        else:
+            fp, ascii_ = batch.word_fingerprints
+            known = ~ascii_ | self._vocab_bits[fp >> np.uint64(64 - _VOCAB_BITS)]
+            todo = batch.docs_with_runs(known, self.span)
+        starts, ends, first = batch.words
+        for i in todo:
+            a, b, at = first[i], first[i + 1], batch.offsets[i]
+            out[i] = self._match(batch.texts[i], starts[a:b] - at, ends[a:b] - at)
         return out
 
     def _span(self, alive, first: int, last: int, starts: np.ndarray, ends: np.ndarray):
@@ -212,6 +320,7 @@ class ShingleStore:
             ref=self.ref,
             pos=self.pos,
             skipped=self.skipped,
+            **({} if self.vocab is None else {"vocab": self.vocab}),
         )
         tmp.replace(path)
 
@@ -225,4 +334,5 @@ class ShingleStore:
                 z["ref"],
                 z["pos"],
                 int(z["skipped"]),
+                z["vocab"] if "vocab" in z.files else None,
             )

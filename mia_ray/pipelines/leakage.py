@@ -69,10 +69,16 @@ def _check_paths(cfg: LeakageJobConfig) -> None:
 
 
 def _hash_batch(batch: pd.DataFrame, span: int) -> pd.DataFrame:
-    from mia_ray.features.shingles import window_hashes, words_with_offsets
+    from mia_ray.features.shingles import vocabulary, window_hashes, words_with_offsets
 
-    hashes = [window_hashes(words_with_offsets(t)[0], span) for t in batch["text"]]
-    return pd.DataFrame({"ref_id": batch["doc_id"].to_numpy(), "hashes": hashes})
+    words = [words_with_offsets(t)[0] for t in batch["text"]]
+    return pd.DataFrame(
+        {
+            "ref_id": batch["doc_id"].to_numpy(),
+            "hashes": [window_hashes(w, span) for w in words],
+            "vocab": [vocabulary(w) for w in words],
+        }
+    )
 
 
 def _reference_texts(category: str, cfg: LeakageJobConfig):
@@ -122,9 +128,11 @@ def _stores(cfg: LeakageJobConfig, out: Path) -> dict[str, str]:
                 _hash_batch, fn_kwargs={"span": span}, batch_format="pandas", batch_size=64
             )
             batches = ds.iter_batches(batch_format="pandas", batch_size=None)
-            pairs = (p for b in batches for p in zip(b["ref_id"], b["hashes"], strict=True))
+            items = (
+                p for b in batches for p in zip(b["ref_id"], b["hashes"], b["vocab"], strict=True)
+            )
             try:
-                store = ShingleStore.from_hashes(pairs, span)
+                store = ShingleStore.from_hashes(items, span)
             except MiaError as e:
                 raise MiaError(f"scan.{category} (scan.{category}_span = {span}): {e}") from None
             store.save(path)
@@ -182,18 +190,24 @@ class LeakScanner:
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         from mia_ray.features.leaks import instance_span
-        from mia_ray.features.pii import scan_pii
-        from mia_ray.features.shingles import words_with_offsets
+        from mia_ray.features.pii import scan_pii_many
+        from mia_ray.features.textbatch import TextBatch
 
+        texts = list(batch["text"])
+        # One layout of the whole batch serves the PII prefilter, the stores' vocabulary
+        # prefilter and the word counts.
+        laid = TextBatch(texts)
+        pii = scan_pii_many(texts, self.pii_types, names=self.names, batch=laid)
+        spans = {category: store.match_many(laid) for category, store in self.stores.items()}
         found = []
-        for text in batch["text"]:
+        for i, text in enumerate(texts):
             rows = [
                 {"category": "pii", "type": m.type, "start": m.start, "end": m.end,
                  "value": m.value, "ref": ""}
-                for m in scan_pii(text, self.pii_types, names=self.names)
+                for m in pii[i]
             ]  # fmt: skip
             for category, store in self.stores.items():
-                for m in store.match(text):
+                for m in spans[category][i]:
                     rows.append(
                         {"category": category, "type": category, "start": m.char_start,
                          "end": m.char_end, "value": text[m.char_start : m.char_end],
@@ -205,15 +219,15 @@ class LeakScanner:
                         text, r["start"], r["end"], r["category"], self.instance_words
                     )
                     r["instance_start"], r["instance"] = a, text[a:b]
-            found.append(json.dumps(rows, ensure_ascii=False))
+            found.append(json.dumps(rows, ensure_ascii=False) if rows else "[]")
         return pd.DataFrame(
             {
                 "doc_id": batch["doc_id"].to_numpy(),
                 "shard": batch["shard"].to_numpy(),
-                "chars": [len(t) for t in batch["text"]],
-                "bytes": [len(t.encode()) for t in batch["text"]],
+                "chars": [len(t) for t in texts],
+                "bytes": [len(t.encode()) for t in texts],
                 # Words as the stores count them: a text shorter than a span never matches.
-                "words": [len(words_with_offsets(t)[0]) for t in batch["text"]],
+                "words": laid.word_counts(),
                 "findings": found,
             }
         )
