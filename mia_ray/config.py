@@ -208,14 +208,7 @@ class AttackConfig:
     aggregate: str = "mean"  # how snippet scores make a document score: mean | median | max
 
     def validate(self) -> None:
-        from mia_ray import registry
-
-        known = registry.names("attack")
-        if not self.attacks:
-            raise MiaError(f"attack.attacks is empty (known: {', '.join(known)})")
-        for name in self.attacks:
-            if name not in known:
-                raise MiaError(f"attack.attacks: unknown attack {name!r}{_hint(name, known)}")
+        _check_attacks("attack", self.attacks, self.min_k_ratios)
         if self.level not in ("document", "snippet"):
             raise MiaError(f"attack.level must be document or snippet, not {self.level!r}")
         if self.aggregate not in ("mean", "median", "max"):
@@ -225,9 +218,6 @@ class AttackConfig:
                 f"attack.min_k_ratio {self.min_k_ratio} must be one of attack.min_k_ratios "
                 f"{self.min_k_ratios}"
             )
-        for r in self.min_k_ratios:
-            if not 0 < r <= 1:
-                raise MiaError(f"attack.min_k_ratios must lie in (0, 1], got {r}")
 
 
 @dataclass
@@ -942,8 +932,6 @@ class AuditConfig:
     method_settings: dict[str, list[str]] = field(default_factory=dict)
 
     def validate(self) -> None:
-        from mia_ray import registry
-
         for key in ("fdr", "alpha"):
             v = getattr(self, key)
             if not 0 < v < 1:
@@ -952,19 +940,9 @@ class AuditConfig:
         _check_choice("audit.calibration", self.calibration, ("cross", "split"))
         if self.C <= 0:
             raise MiaError(f"audit.C must be > 0, not {self.C}")
-        known = registry.names("attack")
-        if not self.attacks:
-            raise MiaError(f"audit.attacks is empty (known: {', '.join(known)})")
-        for name in self.attacks:
-            if name not in known:
-                raise MiaError(f"audit.attacks: unknown attack {name!r}{_hint(name, known)}")
+        _check_attacks("audit", self.attacks, self.min_k_ratios)
         if "ref" in self.attacks:
             raise MiaError("audit.attacks: leave 'ref' out; it joins when model.reference is set")
-        for r in self.min_k_ratios:
-            if not 0 < r <= 1:
-                raise MiaError(f"audit.min_k_ratios must lie in (0, 1], got {r}")
-        if not self.min_k_ratios:
-            raise MiaError("audit.min_k_ratios is empty")
         for m in self.method_settings:
             if m not in self.methods:
                 raise MiaError(
@@ -1032,6 +1010,23 @@ class DemoWorldJobConfig:
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 MIN_BOOTSTRAP = 100
+
+
+def _check_attacks(section: str, attacks: list[str], min_k_ratios: list[float]) -> None:
+    """Registered attack names (at least one) and Min-K ratios in (0, 1]."""
+    from mia_ray import registry
+
+    known = registry.names("attack")
+    if not attacks:
+        raise MiaError(f"{section}.attacks is empty (known: {', '.join(known)})")
+    for name in attacks:
+        if name not in known:
+            raise MiaError(f"{section}.attacks: unknown attack {name!r}{_hint(name, known)}")
+    if not min_k_ratios:
+        raise MiaError(f"{section}.min_k_ratios is empty")
+    for r in min_k_ratios:
+        if not 0 < r <= 1:
+            raise MiaError(f"{section}.min_k_ratios must lie in (0, 1], got {r}")
 
 
 def _check_choice(key: str, value: str, valid: tuple[str, ...]) -> None:

@@ -22,19 +22,15 @@ import numpy as np
 from scipy import stats
 
 from mia_ray.errors import MiaError
+from mia_ray.stats.hypothesis import _values, _welch
 
 
 def welch_greater(a, b) -> dict:
     """One-sided Welch t-test of H0 E[a] <= E[b] against E[a] > E[b] for two samples (n_a,),
     (n_b,), each of at least 2 values: ``{statistic, df, p_value, effect_size}``, where the
     effect size is Cohen's d with the pooled standard deviation."""
-    x, y = _sample(a, "first sample"), _sample(b, "second sample")
-    va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
-    se = math.sqrt(va + vb)
-    if se == 0:
-        raise MiaError("both samples are constant: a t-test is undefined")
-    t = (x.mean() - y.mean()) / se
-    df = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
+    x, y = _values(a, "first sample"), _values(b, "second sample")
+    t, _, df = _welch(x, y)
     return {
         "statistic": float(t),
         "df": float(df),
@@ -45,7 +41,7 @@ def welch_greater(a, b) -> dict:
 
 def cohens_d(a, b) -> float:
     """(mean(a) - mean(b)) / pooled standard deviation (ddof=1); 0 when both are constant."""
-    x, y = _sample(a, "first sample"), _sample(b, "second sample")
+    x, y = _values(a, "first sample"), _values(b, "second sample")
     pooled = ((x.size - 1) * x.var(ddof=1) + (y.size - 1) * y.var(ddof=1)) / (x.size + y.size - 2)
     if pooled == 0:
         return 0.0
@@ -100,12 +96,3 @@ def benjamini_hochberg(pvalues, q: float) -> tuple[np.ndarray, np.ndarray]:
 def min_calibration_files(q: float) -> int:
     """The fewest calibration files n for which a conformal p-value can reach q: 1/(n+1) <= q."""
     return max(1, math.ceil(1.0 / q - 1.0 - 1e-12))
-
-
-def _sample(x, what: str) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float64).reshape(-1)
-    if a.size < 2:
-        raise MiaError(f"{what}: a t-test needs at least 2 values, got {a.size}")
-    if not np.isfinite(a).all():
-        raise MiaError(f"{what}: values must be finite")
-    return a
