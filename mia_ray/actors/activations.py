@@ -70,7 +70,9 @@ class ActivationReader:
 
     Input rows carry ``snippet_id``, ``text`` and, for a vision-language model, ``image``
     (a path, or the image file's bytes). Output rows carry ``snippet_id``, ``n_tokens`` and one float32 (hidden,)
-    array per part and layer, in column ``{part}.{layer}``.
+    array per part and layer, in column ``{part}.{layer}``. With ``token_stats`` (text
+    models) they also carry what the Scorer's target pass gives every classic attack
+    (``loss``, ``token_logprobs``, ``mu``, ``sigma``), from the logits of the same pass.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class ActivationReader:
         revision: str = "",
         trust_remote_code: bool = False,
         torch_threads: int = 0,
+        token_stats: bool = False,
     ):
         from mia_ray.models.hf import load_activation_model, set_torch_threads
 
@@ -98,9 +101,12 @@ class ActivationReader:
         self.tok.padding_side = "right"  # causal attention: real tokens never see right pads
         self._mask = None
         self._sums: dict[str, list] = {}
-        # Only hidden states are read: project just one position onto the vocabulary.
+        self.token_stats = token_stats and not self.multimodal
+        # Only hidden states are read: project just one position onto the vocabulary
+        # (unless the attacks' token statistics come from this pass too).
         params = inspect.signature(self.model.forward).parameters
-        self._extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        keep_one = "logits_to_keep" in params and not self.token_stats
+        self._extra = {"logits_to_keep": 1} if keep_one else {}
         self.layers: dict[str, int] = {}
         for part, blocks in _block_lists(self.model).items():
             self.layers[part] = len(blocks)
@@ -129,25 +135,32 @@ class ActivationReader:
 
         return hook
 
-    def _forward(self, enc: dict) -> dict[str, np.ndarray]:
-        """One forward pass; the hooks fill the per-layer means (masked by ``enc``'s mask)."""
+    def _forward(self, enc: dict):
+        """One forward pass; the hooks fill the per-layer means (masked by ``enc``'s mask).
+        Returns them and the model's logits."""
         import torch
 
         self._mask, self._sums = enc["attention_mask"], {}
         try:
             with torch.inference_mode():
-                self.model(**enc, **self._extra)
+                logits = self.model(**enc, **self._extra).logits
         finally:
             self._mask = None
-        return dict(self._sums)
+        return dict(self._sums), logits
 
-    def _text_pass(self, texts: list[str]) -> tuple[list[int], dict[str, np.ndarray]]:
+    def _text_pass(self, texts: list[str]) -> tuple[list[int], dict[str, np.ndarray], list]:
+        """Token counts, per-layer means and (with ``token_stats``) the Scorer's row stats."""
+        from mia_ray.actors.scorer import row_stats
 
         enc = self.tok(
             texts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_length
         )
         enc = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
-        return enc["attention_mask"].sum(1).tolist(), self._forward(enc)
+        sums, logits = self._forward(enc)
+        rows = []
+        if self.token_stats:
+            rows = row_stats(logits, enc["input_ids"], enc["attention_mask"], texts, True)
+        return enc["attention_mask"].sum(1).tolist(), sums, rows
 
     def _crop(self, text: str) -> str:
         ids = self.tok(text, add_special_tokens=False, truncation=True, max_length=self.max_length)
@@ -174,16 +187,21 @@ class ActivationReader:
         enc = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in enc.items()}
         if "pixel_values" in enc and enc["pixel_values"].is_floating_point():
             enc["pixel_values"] = enc["pixel_values"].to(self.model.dtype)
-        return int(enc["attention_mask"].sum()), self._forward(enc)
+        return int(enc["attention_mask"].sum()), self._forward(enc)[0]
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        from mia_ray.actors import in_model_batches
+
+        return in_model_batches(batch, self._read)
+
+    def _read(self, batch: pd.DataFrame) -> pd.DataFrame:
         texts = [str(t) for t in batch["text"]]
         if self.multimodal:
             if "image" not in batch:
                 raise MiaError(
                     "a vision-language model needs an image per sample (data.image_field)"
                 )
-            n_tokens, per_layer = [], {}
+            n_tokens, per_layer, rows = [], {}, []
             for text, image in zip(texts, batch["image"], strict=True):
                 n, sums = self._image_text_pass(
                     text, image if isinstance(image, bytes) else str(image)
@@ -192,7 +210,7 @@ class ActivationReader:
                 for key, vec in sums.items():
                     per_layer.setdefault(key, []).append(vec[0])
         else:
-            n_tokens, sums = self._text_pass(texts)
+            n_tokens, sums, rows = self._text_pass(texts)
             per_layer = {key: list(vec) for key, vec in sums.items()}
         expected = [column(p, i + 1) for p, n in self.layers.items() for i in range(n)]
         missing = [c for c in expected if c not in per_layer]
@@ -202,6 +220,8 @@ class ActivationReader:
         out = pd.DataFrame({"snippet_id": batch["snippet_id"].to_numpy(), "n_tokens": n_tokens})
         for key in expected:
             out[key] = per_layer[key]
+        for key in ("loss", "token_logprobs", "mu", "sigma") if rows else ():
+            out[key] = [r[key] for r in rows]
         return out
 
 

@@ -122,6 +122,11 @@ class Sampler:
         return self.torch.softmax(z, dim=-1)[:, 1].double().cpu().numpy()
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        from mia_ray.actors import in_model_batches
+
+        return in_model_batches(batch, self._sample)
+
+    def _sample(self, batch: pd.DataFrame) -> pd.DataFrame:
         ids = batch["snippet_id"].astype(str).tolist()
         seqs = self.enc.encode(batch["text"].tolist())
         with self.torch.inference_mode():

@@ -28,6 +28,33 @@ def vocab_moments(logp):
     return mu, var.clamp_min(0).sqrt()
 
 
+def row_stats(logits, ids, mask, texts: list[str], full: bool) -> list[dict]:
+    """Per row of one forward pass (logits (B, T, V), ids and mask (B, T)): the mean NLL
+    ``loss`` and ``n_tokens``, and with ``full`` the observed tokens' log-probs and the
+    vocabulary moments (``token_logprobs``, ``mu``, ``sigma``: float32, n_tokens - 1 each)."""
+    import torch
+
+    out = []
+    for i in range(ids.shape[0]):
+        # Left or right padding: keep the real positions only, in order.
+        pos = mask[i].nonzero().squeeze(-1)
+        if pos.numel() < 2:
+            raise MiaError(
+                f"a snippet has fewer than 2 tokens after tokenization: {texts[i][:60]!r}"
+            )
+        logp = torch.log_softmax(logits[i, pos[:-1]].float(), dim=-1)  # (T-1, V)
+        target = ids[i, pos[1:]]
+        tok_lp = logp.gather(-1, target[:, None]).squeeze(-1)
+        row = {"loss": float(-tok_lp.mean()), "n_tokens": int(pos.numel())}
+        if full:
+            mu, sigma = vocab_moments(logp)
+            row["token_logprobs"] = tok_lp.cpu().numpy().astype(np.float32)
+            row["mu"] = mu.cpu().numpy().astype(np.float32)
+            row["sigma"] = sigma.cpu().numpy().astype(np.float32)
+        out.append(row)
+    return out
+
+
 class Scorer:
     """``Dataset.map_batches(Scorer, fn_constructor_kwargs=..., batch_format="pandas")``.
 
@@ -87,28 +114,14 @@ class Scorer:
         enc = self._encode(texts)
         with torch.inference_mode():
             logits = self.model(**enc).logits
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        out = []
-        for i in range(ids.shape[0]):
-            # Left or right padding: keep the real positions only, in order.
-            pos = mask[i].nonzero().squeeze(-1)
-            if pos.numel() < 2:
-                raise MiaError(
-                    f"a snippet has fewer than 2 tokens after tokenization: {texts[i][:60]!r}"
-                )
-            logp = torch.log_softmax(logits[i, pos[:-1]].float(), dim=-1)  # (T-1, V)
-            target = ids[i, pos[1:]]
-            tok_lp = logp.gather(-1, target[:, None]).squeeze(-1)
-            row = {"loss": float(-tok_lp.mean()), "n_tokens": int(pos.numel())}
-            if full:
-                mu, sigma = vocab_moments(logp)
-                row["token_logprobs"] = tok_lp.cpu().numpy().astype(np.float32)
-                row["mu"] = mu.cpu().numpy().astype(np.float32)
-                row["sigma"] = sigma.cpu().numpy().astype(np.float32)
-            out.append(row)
-        return out
+        return row_stats(logits, enc["input_ids"], enc["attention_mask"], texts, full)
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        from mia_ray.actors import in_model_batches
+
+        return in_model_batches(batch, self._score)
+
+    def _score(self, batch: pd.DataFrame) -> pd.DataFrame:
         texts = [str(t) for t in batch["text"]]
         rows = self._pass(texts, self.token_stats)
         res = pd.DataFrame({"snippet_id": batch["snippet_id"].to_numpy()})

@@ -28,21 +28,13 @@ from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
 
 
-def _score_pool(
-    snippets,
-    model_cfg,
-    res_cfg,
-    model: str,
-    prefix: str,
-    lowercase: bool,
-    full: bool,
-    out_dir: Path,
-    fp: str,
-):
-    """Stream snippets through one Scorer pool, resumably (see ``resumable_map``)."""
+def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, full: bool):
+    """``mapper(ds) -> ds``: a pool of Scorer actors over ``model_blocks`` (whole blocks of
+    whole model batches), as the pipelines run it."""
     import ray
 
     from mia_ray import storage
+    from mia_ray.actors import BATCH
     from mia_ray.actors.scorer import Scorer
     from mia_ray.runtime import ray_options
 
@@ -53,7 +45,7 @@ def _score_pool(
     model = storage.stage(model)
 
     def mapper(todo):
-        return todo.select_columns(["snippet_id", "text"]).map_batches(
+        return todo.select_columns(["snippet_id", "text", BATCH]).map_batches(
             Scorer,
             fn_constructor_kwargs={
                 "model": model,
@@ -68,13 +60,30 @@ def _score_pool(
                 "token_stats": full,
                 "prefix": prefix,
             },
-            batch_size=model_cfg.batch_size,
+            batch_size=None,
             batch_format="pandas",
             compute=ray.data.ActorPoolStrategy(size=res_cfg.scorer_actors),
             **ray_options(res_cfg, res_cfg.cpus_per_actor, res_cfg.gpus_per_actor),
         )
 
-    return resumable_map(snippets, out_dir, fp, mapper, out_dir.name)
+    return mapper
+
+
+def _score_pool(
+    snippets,
+    model_cfg,
+    res_cfg,
+    model: str,
+    prefix: str,
+    lowercase: bool,
+    full: bool,
+    out_dir: Path,
+    fp: str,
+):
+    """Stream snippets (pandas: snippet_id, text) through one Scorer pool, resumably (see
+    ``resumable_map``)."""
+    mapper = scorer_mapper(model_cfg, res_cfg, model, prefix, lowercase, full)
+    return resumable_map(snippets, out_dir, fp, mapper, out_dir.name, model_cfg.batch_size)
 
 
 def scorer_key(model_cfg, res_cfg, name: str | None = None) -> str:
@@ -124,7 +133,6 @@ def score_attacks(
     ``docs`` (a Ray Dataset with doc_id, text) and ``labels`` (doc_id -> 0/1) are read from
     ``cfg.data`` unless given.
     """
-    import ray
 
     from mia_ray.features.attacks import score_table, stats_from_columns
 
@@ -154,7 +162,7 @@ def score_attacks(
         len(ordered),
         cfg.model.max_length,
     )
-    scored = ray.data.from_pandas(snip_meta[["snippet_id", "text"]])
+    scored = snip_meta[["snippet_id", "text"]]
     rows_dir = out / "rows"
     t1 = time.time()
     log(f"scoring with target {cfg.model.name_or_path} on {cfg.resources.scorer_actors} actor(s)")
@@ -308,12 +316,7 @@ def _unit_texts(ctx: dict, level: str, unit: pd.DataFrame) -> list[str]:
             ctx["docs"].select_columns(["doc_id", "text"]).to_pandas().set_index("doc_id")["text"]
         )
         return [docs[d] for d in unit["doc_id"]]
-    snips = (
-        ctx["snippets"]
-        .select_columns(["snippet_id", "text"])
-        .to_pandas()
-        .set_index("snippet_id")["text"]
-    )
+    snips = ctx["snippets"].set_index("snippet_id")["text"]
     return [snips[s] for s in unit["snippet_id"]]
 
 

@@ -192,7 +192,7 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
     snip, _, ctx = score_attacks(acfg, out, docs=docs, labels=group)
     t_score = time.time() - t0
     features = _feature_columns(snip, attacks)
-    texts = ctx["snippets"].to_pandas().set_index("snippet_id")["text"]
+    texts = ctx["snippets"].set_index("snippet_id")["text"]
     snip["text"] = snip["snippet_id"].map(texts)
     report = analyse(cfg, snip, features, group, truth, calib)
     if methods:

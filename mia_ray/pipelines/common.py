@@ -143,12 +143,45 @@ def labelled_documents(data_cfg):
     return ds, labels
 
 
+def draw_batches(rows, batch_size: int):
+    """``rows`` (pandas, with ``snippet_id`` and ``text``) in model batches, drawn from the rows
+    alone: sorted by text length, longest first (less padding, and a batch too large for the
+    device fails at once), ties by ``snippet_id``, cut every ``batch_size`` rows; column
+    ``_batch`` holds each row's batch. So a row's batch mates, and its numbers to the last
+    bit, are the same on one node or many."""
+    import numpy as np
+
+    from mia_ray.actors import BATCH
+
+    ids = rows["snippet_id"].astype(str).to_numpy()
+    rows = rows.iloc[np.lexsort((ids, -rows["text"].str.len().to_numpy()))].reset_index(drop=True)
+    rows[BATCH] = np.arange(len(rows)) // batch_size
+    return rows
+
+
+def model_blocks(rows, batch_size: int, block_rows: int = BLOCK_ROWS):
+    """``draw_batches(rows, batch_size)`` as a Ray Dataset whose blocks hold whole batches,
+    ~``block_rows`` rows each."""
+    import ray
+
+    rows = draw_batches(rows, batch_size)
+    # One map task emits its output only when its whole block is done: small blocks keep
+    # results streaming into parts (and Ray Data's no-progress watchdog fed).
+    per_block = batch_size * max(1, block_rows // batch_size)
+    return ray.data.from_pandas(
+        [rows.iloc[i : i + per_block] for i in range(0, len(rows), per_block)]
+    )
+
+
 def resumable_map(
-    rows, out_dir: Path, fp: str, mapper: Callable[[Any], Any], what: str, load: bool = True
-):
-    """Stream ``rows`` (a Ray Dataset with a unique ``snippet_id``) through ``mapper(ds) -> ds``
-    and write the results in parts to ``out_dir`` as they arrive; return all rows (pandas),
-    or with ``load=False`` the part files (for results larger than memory).
+    rows, out_dir: Path, fp: str, mapper: Callable[[Any], Any], what: str, batch_size: int,
+    load: bool = True,
+):  # fmt: skip
+    """Stream ``rows`` (pandas, with a unique ``snippet_id`` and a ``text``) in model batches
+    of ``batch_size`` (``model_blocks``) through ``mapper(ds) -> ds`` and write the results in
+    parts to ``out_dir`` as they arrive; return all rows (pandas), or with ``load=False`` the
+    part files (for results larger than memory). The mapper's actors take each block whole
+    (``batch_size=None``) and run ``in_model_batches``.
 
     A rerun with the same fingerprint ``fp`` skips every row already in a part, so an
     interrupted run resumes where it stopped; a different fingerprint starts afresh.
@@ -158,6 +191,7 @@ def resumable_map(
     import pandas as pd
 
     from mia_ray import storage
+    from mia_ray.actors import BATCH
     from mia_ray.reports.io import read_json, write_json, write_parquet
 
     meta = out_dir / "meta.json"
@@ -171,14 +205,11 @@ def resumable_map(
     done: set[str] = set()
     for part in parts:
         done.update(pd.read_parquet(part, columns=["snippet_id"])["snippet_id"])
-    total = rows.count()
+    total = len(rows)
     todo = rows
     if done:
         log(f"{what}: reusing {len(done)} of {total} rows")
-        todo = rows.filter(lambda r: r["snippet_id"] not in done)
-    # One map task emits its output only when its whole input block is done: small blocks
-    # keep results streaming into parts (and Ray Data's no-progress watchdog fed).
-    todo = todo.repartition(max(1, -(-(total - len(done)) // BLOCK_ROWS)))
+        todo = rows[~rows["snippet_id"].isin(done)]
     n_new, buffer = 0, []
     t0, last = time.time(), 0.0
 
@@ -191,8 +222,9 @@ def resumable_map(
             buffer.clear()
 
     if len(done) < total:
-        for batch in mapper(todo).iter_batches(batch_format="pandas", batch_size=None):
-            buffer.append(batch)
+        ds = model_blocks(todo, batch_size)
+        for batch in mapper(ds).iter_batches(batch_format="pandas", batch_size=None):
+            buffer.append(batch.drop(columns=BATCH, errors="ignore"))
             n_new += len(batch)
             if sum(len(b) for b in buffer) >= PART_ROWS:
                 flush()

@@ -223,7 +223,7 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
 
     uc = cfg.uncertainty
     sus = snippets[snippets["doc_id"].isin(set(e["suspected"]))][["snippet_id", "text"]]
-    ds = ray.data.from_pandas(sus.reset_index(drop=True))
+    rows = sus.reset_index(drop=True)
     ex_jobs = {j["member"]: j for j in jobs if j["experiment"] == e["name"]}
     ws = storage.current()
 
@@ -281,7 +281,7 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
                         "adapters": [adapter(m) for m in members],
                         "column": col,
                     },
-                    batch_size=uc.batch_size,
+                    batch_size=None,  # whole blocks of whole model batches (model_blocks)
                     batch_format="pandas",
                     compute=ray.data.ActorPoolStrategy(size=uc.sampler_actors),
                     **ray_options(cfg.resources, uc.cpus_per_actor, uc.gpus_per_actor),
@@ -290,8 +290,9 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
         log(f"{e['name']}: sampling {sampler} on {len(sus)} suspected snippets")
         try:
             got = resumable_map(
-                ds, out / "samples" / e["name"] / sampler, fp, mapper, f"{e['name']}/{sampler}"
-            )
+                rows, out / "samples" / e["name"] / sampler, fp, mapper,
+                f"{e['name']}/{sampler}", uc.batch_size,
+            )  # fmt: skip
         finally:
             if pg is not None:  # the reserved bundles go back to the cluster
                 ray.util.remove_placement_group(pg)
@@ -437,6 +438,7 @@ def _members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from mia_ray.actors import BATCH
     from mia_ray.actors.sampler import Sampler
 
     uc = cfg.uncertainty
@@ -477,7 +479,7 @@ def _members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
                     "column": cols[i],
                     "scalar": True,
                 },
-                batch_size=uc.batch_size,
+                batch_size=None,  # whole blocks of whole model batches (model_blocks)
                 batch_format="pandas",
                 compute=ray.data.ActorPoolStrategy(size=1),
                 **opts,
@@ -487,7 +489,7 @@ def _members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
             )
 
         def gather(batch: pd.DataFrame) -> pd.DataFrame:
-            out = batch[["snippet_id"]].copy()
+            out = batch[["snippet_id", BATCH]].copy()
             out[col] = list(batch[cols].to_numpy(dtype=np.float64))
             return out
 
@@ -518,19 +520,17 @@ def _uncertainty(cfg, preds: pd.DataFrame) -> tuple[np.ndarray, list[str], np.nd
 
 def _score_target(cfg, rows: pd.DataFrame, out_dir: Path, token_stats: bool) -> pd.DataFrame:
     """Scorer pass (target model) over rows (snippet_id, text): loss, token log-probs."""
-    import ray
-
     from mia_ray.models.identity import model_cfg_key
     from mia_ray.pipelines.attack import _score_pool
 
-    ds = ray.data.from_pandas(rows[["snippet_id", "text"]].reset_index(drop=True))
     # Keyed on the target by content (weights, tokenizer), dtype, device and the options.
     key = model_cfg_key(cfg.model, accelerator=cfg.resources.gpus_per_actor > 0)
     fp = fingerprint(_text_fp(rows), key, cfg.model.max_length, token_stats)
     # (_score_pool stages the target for Scorer actors on any node; the key is its content.)
     return _score_pool(
-        ds, cfg.model, cfg.resources, cfg.model.name_or_path, "", False, token_stats, out_dir, fp
-    )
+        rows[["snippet_id", "text"]].reset_index(drop=True),
+        cfg.model, cfg.resources, cfg.model.name_or_path, "", False, token_stats, out_dir, fp,
+    )  # fmt: skip
 
 
 def _baseline_features(cfg, snippets: pd.DataFrame, union_ids: set[str], out: Path) -> dict:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import AttackConfig, AttackJobConfig, LumiaJobConfig, WorldConfig
+from mia_ray.config import LumiaJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     check_target_early,
@@ -82,8 +82,7 @@ def _image_paths(data_cfg, ids: set[str]) -> dict[str, str]:
 
 
 def _samples(cfg: LumiaJobConfig, multimodal: bool):
-    """(Ray Dataset of samples with snippet_id, doc_id, text [, image]; pandas meta with label)."""
-    import ray
+    """(samples: snippet_id, doc_id, text [, image], label, sorted by id (pandas); documents)."""
 
     docs, labels = labelled_documents(cfg.data)
     if multimodal:
@@ -92,25 +91,26 @@ def _samples(cfg: LumiaJobConfig, multimodal: bool):
         meta["snippet_id"] = meta["doc_id"]
         images = _image_paths(cfg.data, set(meta["doc_id"]))
         meta["image"] = meta["doc_id"].map(images)
-        ds = ray.data.from_pandas(meta[["snippet_id", "doc_id", "text", "image"]])
     else:
-        ds = snippets_of(docs, cfg.data, cfg.model.name_or_path)
-        ds = ds.select_columns(["snippet_id", "doc_id", "text"]).materialize()
-        meta = ds.to_pandas()
+        snips = snippets_of(docs, cfg.data, cfg.model.name_or_path)
+        meta = snips.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
     if meta["snippet_id"].duplicated().any():
         raise MiaError("sample ids are not unique: are doc ids unique?")
     meta["label"] = meta["doc_id"].map(labels).astype(int)
     meta = meta.sort_values("snippet_id").reset_index(drop=True)
-    return ds, meta, docs
+    return meta, docs
 
 
 def _extract(
-    cfg: LumiaJobConfig, ds, meta: pd.DataFrame, out: Path
+    cfg: LumiaJobConfig, meta: pd.DataFrame, out: Path, token_stats: bool
 ) -> tuple[list[Path], float, str]:
-    """Activation parts, the seconds they took, and the fingerprint they were keyed on."""
+    """Activation parts, the seconds they took, and the fingerprint they were keyed on.
+    With ``token_stats`` the parts also hold the target's token statistics for the classic
+    attacks, from the same forward pass (one target pass per sample in all)."""
     import ray
 
     from mia_ray import storage
+    from mia_ray.actors import BATCH
     from mia_ray.actors.activations import ActivationReader
     from mia_ray.models.identity import tree_sha256
     from mia_ray.pipelines.attack import scorer_key
@@ -127,6 +127,7 @@ def _extract(
         list(meta["image"]) if "image" in meta else None,
         # An image file rewritten under the same name changes the activations too.
         [tree_sha256(p) for p in meta["image"]] if "image" in meta else None,
+        token_stats,
     )
 
     # The model folder and the images are on the driver's disk: the readers get the model
@@ -135,7 +136,7 @@ def _extract(
     pinned = storage.node_affinity()
 
     def mapper(todo):
-        cols = ["snippet_id", "text"] + (["image"] if "image" in meta else [])
+        cols = ["snippet_id", "text", BATCH] + (["image"] if "image" in meta else [])
         todo = todo.select_columns(cols)
         if "image" in meta and pinned:
             todo = todo.map_batches(_read_images, batch_format="pandas", **pinned)
@@ -149,15 +150,19 @@ def _extract(
                 "revision": cfg.model.revision,
                 "trust_remote_code": cfg.model.trust_remote_code,
                 "torch_threads": threads,
+                "token_stats": token_stats,
             },
-            batch_size=cfg.model.batch_size,
+            batch_size=None,  # whole blocks of whole model batches (model_blocks)
             batch_format="pandas",
             compute=ray.data.ActorPoolStrategy(size=res.scorer_actors),
             **ray_options(res, res.cpus_per_actor, res.gpus_per_actor),
         )
 
     t0 = time.time()
-    parts = resumable_map(ds, out / "activations", fp, mapper, "activations", load=False)
+    cols = ["snippet_id", "text"] + (["image"] if "image" in meta else [])
+    parts = resumable_map(
+        meta[cols], out / "activations", fp, mapper, "activations", cfg.model.batch_size, load=False
+    )
     return parts, time.time() - t0, fp
 
 
@@ -269,30 +274,46 @@ def _fold_metrics(scores, y: np.ndarray, splits) -> dict[str, Any]:
     }
 
 
-def _baselines(cfg: LumiaJobConfig, meta: pd.DataFrame, splits, out: Path) -> dict[str, dict]:
-    """The classic attacks from the attack pipeline's scorer, on the same samples and folds."""
-    from mia_ray.pipelines.attack import score_attacks
+def _baseline_attacks(cfg: LumiaJobConfig) -> list[str]:
+    return [a for a in cfg.attacks if a != "ref" or cfg.model.reference]
 
-    attacks = [a for a in cfg.attacks if a != "ref" or cfg.model.reference]
+
+def _baselines(
+    cfg: LumiaJobConfig, meta: pd.DataFrame, splits, out: Path, parts: list[Path]
+) -> dict[str, dict]:
+    """The classic attacks on the same samples and folds: the target's token statistics from
+    the activation pass (``parts``), the reference model's loss from its own Scorer pass."""
+    from mia_ray.features.attacks import score_table, stats_from_columns
+    from mia_ray.pipelines.attack import _score_pool, scorer_key
+
+    attacks = _baseline_attacks(cfg)
     if not attacks:
         return {}
-    acfg = AttackJobConfig(
-        data=copy.deepcopy(cfg.data),
-        model=copy.deepcopy(cfg.model),
-        resources=copy.deepcopy(cfg.resources),
-        eval=copy.deepcopy(cfg.eval),
-        world=WorldConfig(),
-        attack=AttackConfig(
-            attacks=attacks,
-            min_k_ratios=[cfg.min_k_ratio],
-            min_k_ratio=cfg.min_k_ratio,
-            level="snippet",
-        ),
-    )
-    snip, _, _ = score_attacks(acfg, out)
-    snip = snip.set_index("snippet_id").loc[meta["snippet_id"]]
+    cols = ["snippet_id", "token_logprobs", "mu", "sigma"]
+    target = pd.concat([pd.read_parquet(p, columns=cols) for p in parts], ignore_index=True)
+    m = meta[["snippet_id", "text"]].merge(target, on="snippet_id", validate="one_to_one")
+    ref_loss = None
+    if "ref" in attacks:
+        log(f"scoring with reference {cfg.model.reference}")
+        texts = meta[["snippet_id", "text"]]
+        fp = fingerprint(
+            pd.util.hash_pandas_object(texts, index=False).sum(),
+            len(texts),
+            cfg.model.max_length,
+            scorer_key(cfg.model, cfg.resources, cfg.model.reference),
+        )
+        ref = _score_pool(
+            texts, cfg.model, cfg.resources, cfg.model.reference, "ref_", False, False,
+            out / "rows" / "reference", fp,
+        )  # fmt: skip
+        m = m.merge(ref[["snippet_id", "ref_loss"]], on="snippet_id", validate="one_to_one")
+        ref_loss = m["ref_loss"]
+    if len(m) != len(meta):
+        raise MiaError(f"scored {len(m)} of {len(meta)} samples: results are missing")
+    stats = stats_from_columns(m["text"], m["token_logprobs"], m["mu"], m["sigma"], None, ref_loss)
+    table = score_table(stats, attacks, [cfg.min_k_ratio], cfg.min_k_ratio)
     y = meta["label"].to_numpy()
-    return {a: _fold_metrics(snip[a].to_numpy(dtype=float), y, splits) for a in attacks}
+    return {a: _fold_metrics(np.asarray(table[a], dtype=float), y, splits) for a in attacks}
 
 
 def _blind(meta: pd.DataFrame, splits, seed: int) -> dict[str, Any]:
@@ -402,7 +423,7 @@ def _run_target(cfg: LumiaJobConfig, name: str, out: Path) -> dict[str, Any]:
         cfg.model.name_or_path, cfg.model.revision, cfg.model.trust_remote_code
     )
     log(f"[{name}] model {cfg.model.name_or_path}" + (" (vision-language)" if multimodal else ""))
-    ds, meta, docs = _samples(cfg, multimodal)
+    meta, docs = _samples(cfg, multimodal)
     n_mem = int(meta["label"].sum())
     log(f"[{name}] {len(meta)} samples from {meta['doc_id'].nunique()} documents: {n_mem} members")
     y, groups = meta["label"].to_numpy(), meta["doc_id"].to_numpy()
@@ -411,7 +432,15 @@ def _run_target(cfg: LumiaJobConfig, name: str, out: Path) -> dict[str, Any]:
         y, groups, n_repeats=p.repeats, test_size=p.test_size, seed=p.seed
     )
 
-    parts, t_extract, act_fp = _extract(cfg, ds, meta, out)
+    from mia_ray.pipelines.attack import crop_to_scored_span
+
+    stats = not multimodal and bool(_baseline_attacks(cfg))
+    if stats and "ref" in cfg.attacks and cfg.model.reference:
+        # Both models score the same text: the span that fits either one's context.
+        meta, n_cropped = crop_to_scored_span(meta, cfg.model, True)
+        if n_cropped:
+            log(f"[{name}] {n_cropped} of {len(meta)} samples cut to the text both models score")
+    parts, t_extract, act_fp = _extract(cfg, meta, out, stats)
     probe_fp = fingerprint(
         [pd.read_parquet(f, columns=["snippet_id"]).shape[0] for f in parts],
         list(meta["snippet_id"]),
@@ -443,7 +472,7 @@ def _run_target(cfg: LumiaJobConfig, name: str, out: Path) -> dict[str, Any]:
     else:
         if "ref" in cfg.attacks and not cfg.model.reference:
             notes.append("The reference attack was skipped: no model.reference was given.")
-        baselines = _baselines(cfg, meta, splits, out)
+        baselines = _baselines(cfg, meta, splits, out, parts)
     blind = _blind(meta, splits, cfg.eval.seed) if cfg.eval.blind_baseline else None
     members = docs.filter(lambda r: r["label"] == 1)
     nonmembers = docs.filter(lambda r: r["label"] == 0)

@@ -55,6 +55,26 @@ def test_padding_in_a_batch_changes_nothing(reader):
             np.testing.assert_allclose(together.iloc[i][col], alone.iloc[0][col], atol=1e-5)
 
 
+def test_token_stats_from_the_same_pass_are_the_scorers_and_leave_the_layers_alone(
+    reader, test_world
+):
+    """LUMIA's one pass: the classic attacks' statistics from the activation pass's logits are
+    the Scorer's to the bit, and reading them changes no activation."""
+    from mia_ray.actors.scorer import Scorer
+
+    model = test_world["targets"]["tiny"]["model"]
+    both = ActivationReader(model, max_length=128, torch_threads=1, token_stats=True)
+    got = both(_batch(TEXTS))
+    want = Scorer(model, max_length=128, torch_threads=1, lowercase=False)(_batch(TEXTS))
+    for col in ("n_tokens", "loss", "token_logprobs", "mu", "sigma"):
+        for a, b in zip(got[col], want[col], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=col)
+    plain = reader(_batch(TEXTS))
+    assert "loss" not in plain
+    for col in ("text.1", "text.2"):
+        np.testing.assert_array_equal(np.stack(got[col]), np.stack(plain[col]))
+
+
 def test_long_samples_are_cropped_to_the_context(test_world):
     short = ActivationReader(test_world["targets"]["tiny"]["model"], max_length=16)
     out = short(_batch([" ".join(["word"] * 200), "a b c"]))

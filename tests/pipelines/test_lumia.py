@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -87,6 +88,29 @@ def test_samples_are_grouped_by_document_and_activations_keyed_by_sample(run):
     assert {"text.1", "text.2"} <= set(acts.columns)
     assert len(acts["text.1"].iloc[0]) == 64  # the test world tiny's hidden size
     assert acts["n_tokens"].max() <= 128
+
+
+def test_the_attacks_take_the_targets_statistics_from_the_activation_pass(run, test_world):
+    """One target pass per sample: the classic attacks' token statistics are in the activation
+    parts, the reference model is the only other pass, and its LOSS AUCs are the target's."""
+    from mia_ray.detectors.probes import grouped_holdout_splits
+    from mia_ray.pipelines.lumia import _fold_metrics
+
+    out, report = run
+    assert not (out / "tiny" / "rows" / "target").exists()
+    assert sorted(p.name for p in (out / "tiny" / "rows").iterdir()) == ["reference"]
+    parts = sorted((out / "tiny" / "activations").glob("part-*.parquet"))
+    acts = pd.concat([pd.read_parquet(p) for p in parts])
+    assert (acts["token_logprobs"].map(len) == acts["n_tokens"] - 1).all()
+    samples = pd.read_parquet(out / "tiny" / "samples.parquet")
+    acts = acts.set_index("snippet_id").loc[samples["snippet_id"]]
+    y = samples["label"].to_numpy()
+    # The job's probe settings: 3 repeats of a 20 % test part, seed 0.
+    splits = grouped_holdout_splits(
+        y, samples["doc_id"].to_numpy(), n_repeats=3, test_size=0.2, seed=0
+    )
+    mean_logprob = acts["token_logprobs"].map(lambda v: np.asarray(v, np.float64).mean())
+    assert report["baselines"]["loss"] == _fold_metrics(mean_logprob.to_numpy(), y, splits)
 
 
 def test_rerun_recomputes_nothing_and_gives_identical_numbers(run, test_world, capfd):
