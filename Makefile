@@ -70,10 +70,10 @@ lint: setup
 	$(VENV)/bin/ruff format --check mia_ray tests bench
 
 bench: setup
-	$(VENV)/bin/python bench/scorer_bench.py --target tiny --n-snippets 192 --out BENCHMARKS.md
-	$(VENV)/bin/python bench/scorer_bench.py --target smollm2 --n-snippets 32 --out BENCHMARKS.md
+	$(VENV)/bin/python bench/scorer_bench.py --target smollm2 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/copycheck_bench.py --scale demo --n-unseen 10 --out BENCHMARKS.md
-	$(VENV)/bin/python bench/lumia_bench.py --target smollm2 --n-samples 96 --out BENCHMARKS.md
+	$(VENV)/bin/python bench/lumia_bench.py --target smollm2 --scale test --out BENCHMARKS.md
 	$(VENV)/bin/python bench/memhunter_bench.py --target smollm2 --pairs 12 --trials 5 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/leakage_bench.py --scale demo --out BENCHMARKS.md
+	$(VENV)/bin/python bench/leakage_bench.py --crawl 200 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/cluster_bench.py --scale test --out BENCHMARKS.md
