@@ -229,6 +229,9 @@ def score_attacks(
             "labels": labels,
             "timings": timings,
             "snippets": scored,
+            # The target's rows (loss, token log-probs, vocabulary moments) by snippet, with
+            # their text: a method run on the same snippets reuses them (audit.methods).
+            "target_rows": merged.drop(columns=["ref_loss"], errors="ignore"),
             "docs": docs,
             "score_cols": score_cols,
         },

@@ -196,7 +196,7 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
     snip["text"] = snip["snippet_id"].map(texts)
     report = analyse(cfg, snip, features, group, truth, calib)
     if methods:
-        report["methods"] = run_methods(cfg, out, methods)
+        report["methods"] = run_methods(cfg, out, methods, ctx["target_rows"])
         _merge_copycheck(report)
     _write_outputs(out, snip, features, report)
     report["runtime"] = describe()
@@ -440,5 +440,5 @@ def _write_outputs(out: Path, snip: pd.DataFrame, features: list[str], report: d
     from mia_ray.reports.io import write_parquet
 
     write_parquet(out / "files.parquet", pd.DataFrame(report["files"]))
-    cols = ["snippet_id", "doc_id", "n_tokens", *features]
+    cols = ["snippet_id", "doc_id", "n_tokens", *features, "text"]  # the text scored
     write_parquet(out / "snippet_scores.parquet", snip[cols])

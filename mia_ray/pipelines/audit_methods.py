@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mia_ray.config import (
     AUDIT_METHODS,
@@ -59,6 +59,9 @@ from mia_ray.config import (
 )
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import log
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # split_pairs fills train, test and val with member documents: 3 at least.
 MEMHUNTER_MIN_DOCS = 3
@@ -173,10 +176,14 @@ def _with_settings(sub: Any, settings: list[str]) -> Any:
     return from_dict(type(sub), raw)
 
 
-def run_methods(cfg: AuditJobConfig, out: Path, configs: dict[str, object]) -> dict:
+def run_methods(
+    cfg: AuditJobConfig, out: Path, configs: dict[str, object], scored: pd.DataFrame | None = None
+) -> dict:
     """Run each pipeline of ``configs`` (from :func:`method_configs`) into ``out/<name>``, with
     its own config.yaml, report.json and report.html; return ``{name: summary}``: the
     report's headline numbers and ``"out"``, its folder. Needs Ray up (the audit's run).
+    ``scored``: the audit's target rows (text and the Scorer's columns), which CopyCheck's
+    baselines reuse rather than scoring the same snippets again.
 
     Every pipeline keeps its resumable parts under ``out/<name>``, inside the run's
     ``--out``, so the current storage workspace pushes and pulls them as the audit's own."""
@@ -192,7 +199,7 @@ def run_methods(cfg: AuditJobConfig, out: Path, configs: dict[str, object]) -> d
         run = registry.get("pipeline", name).run
         log(f"audit.methods {name}: running into {d}")
         try:
-            summary = _RUNNERS[name](cfg, sub, run, d)
+            summary = _RUNNERS[name](cfg, sub, run, d, scored)
         except MiaError as e:
             raise MiaError(f"audit.methods {name}: {e}") from None
         write_text(d / "config.yaml", dump_yaml(sub, name))  # what ran, as the CLI keeps it
@@ -200,11 +207,12 @@ def run_methods(cfg: AuditJobConfig, out: Path, configs: dict[str, object]) -> d
     return summaries
 
 
-def _run_copycheck(cfg: AuditJobConfig, sub: CopyCheckJobConfig, run, d: Path) -> dict:
+def _run_copycheck(cfg: AuditJobConfig, sub: CopyCheckJobConfig, run, d: Path, scored) -> dict:
     """``files``: audit file id -> verdict (seen / unseen) and confidence, from the first
     detection method (GMM by default); ``summary`` (mean accuracy per method, with labels
     only) and ``diagnostics`` (did the fine-tunes learn beyond the base rate?)."""
-    report = run(sub, d)
+    # The audit's rows hold for CopyCheck's snippets only under the very same model config.
+    report = run(sub, d, scored=scored if sub.model == cfg.model else None)
     # CopyCheck's ids are suspected/<file id> (the audit's file ids, prefixed).
     files = {
         f["file_id"].removeprefix("suspected/"): {
@@ -221,7 +229,7 @@ def _run_copycheck(cfg: AuditJobConfig, sub: CopyCheckJobConfig, run, d: Path) -
     }
 
 
-def _run_memhunter(cfg: AuditJobConfig, sub: MemHunterJobConfig, run, d: Path) -> dict:
+def _run_memhunter(cfg: AuditJobConfig, sub: MemHunterJobConfig, run, d: Path, _scored) -> dict:
     """``extraction``: per method (memhunter, manual), split and budget, the mean share of the
     continuation recovered (``avg_lcss``) and the share recovered whole (``hit_rate``);
     ``dataset_test``: the audited model's tests by kind (the verdict is ``gap_vs_nonmember``)
@@ -260,7 +268,7 @@ def _run_memhunter(cfg: AuditJobConfig, sub: MemHunterJobConfig, run, d: Path) -
     }
 
 
-def _run_leakage(cfg: AuditJobConfig, sub: LeakageJobConfig, run, d: Path) -> dict:
+def _run_leakage(cfg: AuditJobConfig, sub: LeakageJobConfig, run, d: Path, _scored) -> dict:
     """``leakage_rate`` (share of suspected files with personal data, Wilson interval) and
     ``pii_without_names``; with the model side, the audited model's ``output_rate`` and
     ``detection_rate`` per category; else ``eval_skipped`` says why."""

@@ -518,23 +518,44 @@ def _uncertainty(cfg, preds: pd.DataFrame) -> tuple[np.ndarray, list[str], np.nd
     return np.hstack(blocks), names, np.mean(ale, axis=0)
 
 
-def _score_target(cfg, rows: pd.DataFrame, out_dir: Path, token_stats: bool) -> pd.DataFrame:
-    """Scorer pass (target model) over rows (snippet_id, text): loss, token log-probs."""
+def _score_target(
+    cfg, rows: pd.DataFrame, out_dir: Path, token_stats: bool, scored: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """Scorer pass (target model) over rows (snippet_id, text): loss, token log-probs.
+
+    ``scored``: rows the caller already scored with this very ``cfg.model`` (text plus the
+    Scorer's columns, token statistics included); snippets with one of those texts are not
+    scored again, so a pass over the same snippets is the only one."""
     from mia_ray.models.identity import model_cfg_key
     from mia_ray.pipelines.attack import _score_pool
 
+    rows = rows[["snippet_id", "text"]].reset_index(drop=True)
+    known = pd.DataFrame()
+    if scored is not None and len(scored):
+        by_text = scored.drop(columns=["snippet_id", "doc_id", "lower_loss"], errors="ignore")
+        by_text = by_text.drop_duplicates("text").set_index("text")
+        hit = rows["text"].isin(by_text.index)
+        known = rows[hit].join(by_text, on="text").drop(columns="text")
+        rows = rows[~hit].reset_index(drop=True)
+        if len(known):
+            log(f"{len(known)} snippets' target scores reused from the caller's pass")
+        if not len(rows):
+            return known.reset_index(drop=True)
     # Keyed on the target by content (weights, tokenizer), dtype, device and the options.
     key = model_cfg_key(cfg.model, accelerator=cfg.resources.gpus_per_actor > 0)
     fp = fingerprint(_text_fp(rows), key, cfg.model.max_length, token_stats)
     # (_score_pool stages the target for Scorer actors on any node; the key is its content.)
-    return _score_pool(
-        rows[["snippet_id", "text"]].reset_index(drop=True),
-        cfg.model, cfg.resources, cfg.model.name_or_path, "", False, token_stats, out_dir, fp,
-    )  # fmt: skip
+    new = _score_pool(
+        rows, cfg.model, cfg.resources, cfg.model.name_or_path, "", False, token_stats, out_dir, fp
+    )
+    return pd.concat([known, new], ignore_index=True) if len(known) else new
 
 
-def _baseline_features(cfg, snippets: pd.DataFrame, union_ids: set[str], out: Path) -> dict:
-    """Per-snippet baseline features for every suspected snippet of any experiment."""
+def _baseline_features(
+    cfg, snippets: pd.DataFrame, union_ids: set[str], out: Path, scored: pd.DataFrame | None
+) -> dict:
+    """Per-snippet baseline features for every suspected snippet of any experiment
+    (``scored``: see :func:`_score_target`)."""
     from mia_ray.features.attacks import min_k, stats_from_columns
 
     dc = cfg.detect
@@ -544,7 +565,7 @@ def _baseline_features(cfg, snippets: pd.DataFrame, union_ids: set[str], out: Pa
     if not need_scores:
         return feats
     log(f"baselines: scoring {len(rows)} suspected snippets with the target")
-    tgt = _score_target(cfg, rows, out / "rows" / "target", True)
+    tgt = _score_target(cfg, rows, out / "rows" / "target", True, scored)
     tgt = rows[["snippet_id", "doc_id", "text"]].merge(tgt, on="snippet_id", validate="one_to_one")
     if "prob_tool" in dc.baselines:
         stats = stats_from_columns(tgt["text"], tgt["token_logprobs"], tgt["mu"], tgt["sigma"])
@@ -660,7 +681,9 @@ def _detect(cfg, e, X, snip_doc, unseen_score, method) -> dict:
     CopyCheckJobConfig,
     help="CopyCheck: which suspected files the model has seen, from fine-tuning uncertainty",
 )
-def run(cfg: CopyCheckJobConfig, out: Path) -> dict:
+def run(cfg: CopyCheckJobConfig, out: Path, scored: pd.DataFrame | None = None) -> dict:
+    """``scored``: the target's rows of a pass the caller made over the same snippets with the
+    same ``model`` config (the audit's), reused by the baselines instead of a second pass."""
     from mia_ray.detectors.blind import BlindBagOfWords
     from mia_ray.detectors.filelevel import confusion
     from mia_ray.reports.copycheck import FINETUNE_COLUMNS, render_copycheck_report
@@ -692,14 +715,14 @@ def run(cfg: CopyCheckJobConfig, out: Path) -> dict:
     t2 = time.time()
     results, files, snip_tables = [], [], []
     union = sorted(set().union(*(e["suspected"] for e in exps)))
-    base = _baseline_features(cfg, snippets, set(union), out)
+    base = _baseline_features(cfg, snippets, set(union), out, scored)
     meeus = None
     if "meeus" in cfg.detect.baselines:
         tgt = base.get("_target_rows")
         if tgt is None:
             rows = snippets[snippets["doc_id"].isin(set(union))]
             tgt = rows.merge(
-                _score_target(cfg, rows, out / "rows" / "target", True), on="snippet_id"
+                _score_target(cfg, rows, out / "rows" / "target", True, scored), on="snippet_id"
             )
         meeus = _meeus(cfg, tgt, out)
     blind = []

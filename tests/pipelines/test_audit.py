@@ -210,7 +210,7 @@ def test_flags_set_their_config_keys_and_missing_inputs_are_named(tmp_path, caps
     )
 
 
-def test_copycheck_on_request_joins_the_files_table(tmp_path, ray_local, audit_inputs):
+def test_copycheck_on_request_joins_the_files_table(tmp_path, ray_local, audit_inputs, capsys):
     settings = (
         'audit.method_settings={copycheck: ["uncertainty.samplers=[mcd, ensemble]", '
         '"uncertainty.ensemble_size=2", "uncertainty.n_samples=4", "finetune.lr=0.001"]}'
@@ -232,6 +232,20 @@ def test_copycheck_on_request_joins_the_files_table(tmp_path, ray_local, audit_i
     assert all(0 <= f["copycheck_confidence"] <= 1 for f in r["files"])
     sub = json.loads((tmp_path / "with-cc" / "copycheck" / "report.json").read_text())
     assert sub["data"]["mode"] == "audit"
+    # One target pass: CopyCheck's Min-K% baseline (prob_tool, run since labels are given)
+    # takes the audit's rows for the same snippet texts instead of scoring them again. Only
+    # the snippets the audit cut to what both models score (15 of 65 here) are scored anew.
+    assert {r["method"] for r in sub["results"]} >= {"prob_tool"}
+    cc = pd.read_parquet(tmp_path / "with-cc" / "copycheck" / "snippets.parquet")
+    cc = cc[cc["doc_id"].str.startswith("suspected/")]  # the side the baselines score
+    audit_texts = set(pd.read_parquet(tmp_path / "with-cc" / "snippet_scores.parquet")["text"])
+    same = int(cc["text"].isin(audit_texts).sum())
+    assert 0 < same < len(cc)
+    assert (
+        f"] {same} snippets' target scores reused from the caller's pass" in capsys.readouterr().err
+    )
+    parts = (tmp_path / "with-cc" / "copycheck" / "rows" / "target").glob("part-*.parquet")
+    assert sum(len(pd.read_parquet(p)) for p in parts) == len(cc) - same
     assert "copycheck_verdict" in (tmp_path / "with-cc" / "report.html").read_text()
 
 
