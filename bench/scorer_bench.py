@@ -33,7 +33,7 @@ os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
 
 ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref")
 RATIO = 0.2
-MIN_BLOCKS = 8  # blocks per pool after which the steady state is measured (see main)
+MIN_BLOCKS = 4  # blocks per pool in the Ray side's half run (see ray_steady)
 
 
 def forward_flops(model, n_tokens: int, seq_len: float) -> float:
@@ -163,8 +163,10 @@ def fair_peer(texts, model_dir, ref_dir, max_length, batch, threads):
 
     t0 = time.perf_counter()
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    rows = {}
+    rows, first = {}, 0.0
     for s in range(0, len(order), batch):
+        if s == batch:  # the steady state starts after the first batch, as for mia-ray's sides
+            first = time.perf_counter() - t0
         idx = order[s : s + batch]
         bt = [texts[i] for i in idx]
         tgt = passes(model, bt, True)
@@ -173,7 +175,9 @@ def fair_peer(texts, model_dir, ref_dir, max_length, batch, threads):
         for j, i in enumerate(idx):
             lp, mu, sigma = tgt[j]
             rows[i] = attack_scores(lp, mu, sigma, texts[i], -low[j][0].mean(), -rf[j][0].mean())
-    return pd.DataFrame([rows[i] for i in range(len(texts))]), t_load, time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    steady = (len(texts) - batch) / (total - first)
+    return pd.DataFrame([rows[i] for i in range(len(texts))]), t_load, first, steady
 
 
 def _mia_scores(frame: pd.DataFrame, texts) -> pd.DataFrame:
@@ -230,7 +234,8 @@ def in_process(texts, model_dir, ref_dir, max_length, batch, threads, block_rows
 
 def through_ray(texts, model_dir, ref_dir, max_length, batch, threads, block_rows):
     """The pipeline's path: model_blocks -> a Scorer actor pool (scorer_mapper), target then
-    reference, on a local Ray instance."""
+    reference, on a local Ray instance. Returns the scores and each pool's wall time (actor
+    start, model load and every row back at the driver)."""
     from mia_ray.actors import BATCH
     from mia_ray.config import ModelConfig, ResourcesConfig
     from mia_ray.pipelines.attack import scorer_mapper
@@ -239,21 +244,34 @@ def through_ray(texts, model_dir, ref_dir, max_length, batch, threads, block_row
     df = pd.DataFrame({"snippet_id": [f"s{i}" for i in range(len(texts))], "text": texts})
     mc = ModelConfig(device="cpu", dtype="float32", max_length=max_length, batch_size=batch)
     rc = ResourcesConfig(scorer_actors=1, cpus_per_actor=1, torch_threads=threads)
-    outs, rates, walls = {}, [], []
+    outs, walls = {}, []
     for name, model, prefix, lower, full in (
         ("target", model_dir, "", True, True),
         ("reference", ref_dir, "ref_", False, False),
     ):
-        t0, times, parts = time.perf_counter(), [], []
+        t0, parts = time.perf_counter(), []
         ds = scorer_mapper(mc, rc, model, prefix, lower, full)(model_blocks(df, batch, block_rows))
         for b in ds.iter_batches(batch_format="pandas", batch_size=None):
             parts.append(b.drop(columns=BATCH, errors="ignore"))
-            times.append((time.perf_counter(), len(b)))
         walls.append(time.perf_counter() - t0)
         outs[name] = pd.concat(parts)
-        rates.append(_steady(times, t0))
     m = outs["target"].merge(outs["reference"][["snippet_id", "ref_loss"]], on="snippet_id")
-    return _mia_scores(m, texts), rates, sum(walls)
+    return _mia_scores(m, texts), walls
+
+
+def ray_steady(texts, *args) -> tuple[pd.DataFrame, list[tuple[float, float]], float]:
+    """Each pool's (start-up s, steady rows/s) through Ray, from two runs: half the snippets,
+    then all. Ray Data hands rows back in bursts, so arrival times at the driver do not show
+    the scoring rate; the extra rows over the extra wall time do, and start-up cancels out
+    (it is the intercept). Returns the full run's scores, the rates and its wall time."""
+    half = len(texts) // 2
+    _, walls_half = through_ray(texts[:half], *args)
+    scores, walls = through_ray(texts, *args)
+    rates = []
+    for w_half, w in zip(walls_half, walls, strict=True):
+        rate = (len(texts) - half) / (w - w_half)
+        rates.append((w_half - half / rate, rate))
+    return scores, rates, sum(walls)
 
 
 def _combined(rates) -> float:
@@ -306,14 +324,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    blocks = args.n_snippets // max(args.block_rows, args.batch_size)
+    blocks = args.n_snippets // 2 // max(args.block_rows, args.batch_size)
     if blocks < MIN_BLOCKS:
-        # Ray Data hands results back in bursts: over two or three blocks the time between
-        # the first and the last arrival is mostly that burst, not the scoring (measured:
-        # 3 blocks gave the Ray path 2x the in-process rate, which it cannot have).
         raise SystemExit(
-            f"--n-snippets {args.n_snippets} gives {blocks} blocks of {args.block_rows} rows per "
-            f"pool; the steady state needs at least {MIN_BLOCKS}"
+            f"--n-snippets {args.n_snippets} gives the half run {blocks} blocks of "
+            f"{args.block_rows} rows per pool; the steady state needs at least {MIN_BLOCKS}"
         )
 
     import ray
@@ -331,7 +346,7 @@ def main() -> int:
         _node_ip_address="127.0.0.1",
     )  # fmt: skip
     ray.data.DataContext.get_current().enable_progress_bars = False
-    ray_scores, ray_rates, ray_wall = through_ray(
+    ray_scores, ray_rates, ray_wall = ray_steady(
         texts, *common, args.batch_size, args.threads, args.block_rows
     )
     ray.shutdown()
@@ -340,7 +355,9 @@ def main() -> int:
     ip_scores, ip_load, ip_rates, merged = in_process(
         texts, *common, args.batch_size, args.threads, args.block_rows
     )
-    peer_scores, peer_load, peer_s = fair_peer(texts, *common, args.batch_size, args.threads)
+    peer_scores, peer_load, peer_first, peer_rate = fair_peer(
+        texts, *common, args.batch_size, args.threads
+    )
     nv = texts[: args.n_naive]
     naive_scores, naive_load, naive_s, naive_passes = naive(nv, *common, args.threads)
     for a in ATTACKS:
@@ -373,7 +390,6 @@ def main() -> int:
     per_snippet = sum(forward_flops(m, sum(n), sum(n) / len(n)) for m, n in passes) / len(texts)
     peak = matmul_flops(args.threads)
     ip_rate, ray_rate = _combined(ip_rates), _combined(ray_rates)
-    peer_rate = len(texts) / peer_s
     naive_rate = len(nv) / naive_s
     share = lambda r: 100 * r * per_snippet / peak  # noqa: E731
     ip_first = sum(f for f, _ in ip_rates)
@@ -397,10 +413,12 @@ def main() -> int:
         f"| mia-ray through Ray Data (1 Scorer actor per model) | 3 | {ray_first:.1f} | {ray_rate:.2f} | {ray_rate / peer_rate:.2f}× | {share(ray_rate):.1f} % |",
         "",
         f"**Ray Data / in-process at steady state: {100 * ray_rate / ip_rate:.0f} %**; mia-ray / naive loop: "
-        f"{ip_rate / naive_rate:.1f}×. Start-up through Ray (both pools' time to their first block of "
-        f"{args.block_rows} rows: actor start, model load, first batches) {ray_first:.1f} s, whole Ray run "
-        f"{ray_wall:.1f} s; in-process, loading both models {ip_load:.1f} s and the first blocks {ip_first:.1f} s. "
-        f"Steady state: the rows after each pool's first block. FLOP share: forward FLOPs of the three "
+        f"{ip_rate / naive_rate:.1f}×. Steady state: in-process and for the fair peer, the rows after the "
+        f"first block over the time after it ({ip_first:.1f} s and {peer_first:.1f} s for the first blocks, "
+        f"after loading); through Ray, where rows come back to the driver in bursts, each pool's extra rows "
+        f"over its extra wall time between a run on half the snippets and one on all, and its start-up "
+        f"(actor start, model load, warm-up: the intercept) {ray_first:.1f} s for both pools, the whole "
+        f"Ray run {ray_wall:.1f} s. FLOP share: forward FLOPs of the three "
         f"passes ({per_snippet / 1e9:.1f} GFLOP per snippet: weights, LM head, attention) × snippets/s over "
         f"this machine's fp32 matmul ({peak / 1e9:.0f} GFLOP/s, 2048², {args.threads} threads); the naive "
         "loop's share counts only the three passes that any method needs.",
