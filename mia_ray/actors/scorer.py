@@ -8,7 +8,6 @@ attack needs the lowercased text, a different input, so it gets its own pass her
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from mia_ray.errors import MiaError
@@ -31,28 +30,52 @@ def vocab_moments(logp):
 def row_stats(logits, ids, mask, texts: list[str], full: bool) -> list[dict]:
     """Per row of one forward pass (logits (B, T, V), ids and mask (B, T)): the mean NLL
     ``loss`` and ``n_tokens``, and with ``full`` the observed tokens' log-probs and the
-    vocabulary moments (``token_logprobs``, ``mu``, ``sigma``: float32, n_tokens - 1 each)."""
+    vocabulary moments (``token_logprobs``, ``mu``, ``sigma``: float32, n_tokens - 1 each).
+
+    On an accelerator nothing here waits for the device per row: the rows' results stay on
+    it, padded into (B, T - 1) tensors, and come to the host in one copy per column. Rows are
+    still worked one at a time, so the (T, V) float32 log-probs of one row at most are live
+    (a whole batch's would be B times that: gigabytes for a 128k vocabulary)."""
     import torch
 
-    out = []
-    for i in range(ids.shape[0]):
-        # Left or right padding: keep the real positions only, in order.
-        pos = mask[i].nonzero().squeeze(-1)
-        if pos.numel() < 2:
+    lengths = mask.sum(1)
+    n = lengths.tolist()  # the one wait for the device before the rows
+    for i, k in enumerate(n):
+        if k < 2:
             raise MiaError(
                 f"a snippet has fewer than 2 tokens after tokenization: {texts[i][:60]!r}"
             )
-        logp = torch.log_softmax(logits[i, pos[:-1]].float(), dim=-1)  # (T-1, V)
-        target = ids[i, pos[1:]]
-        tok_lp = logp.gather(-1, target[:, None]).squeeze(-1)
-        row = {"loss": float(-tok_lp.mean()), "n_tokens": int(pos.numel())}
+    B, T = mask.shape
+    # Right or left padding keeps each row's real positions in one run: row i's start.
+    starts = torch.where(mask[:, 0].bool(), 0, T - lengths)
+    ar = torch.arange(T, device=mask.device)
+    runs = (ar >= starts[:, None]) & (ar < (starts + lengths)[:, None])
+    if not torch.equal(runs, mask.bool()):
+        raise MiaError("the attention mask has gaps inside a row: pad on one side only")
+    start = starts.tolist()
+    width = max(n) - 1
+    cols = ["tok", "mu", "sigma"] if full else ["tok"]
+    out = {c: torch.zeros(B, width, dtype=torch.float32, device=logits.device) for c in cols}
+    loss = torch.empty(B, dtype=torch.float32, device=logits.device)
+    for i in range(B):
+        a, k = start[i], n[i]
+        logp = torch.log_softmax(logits[i, a : a + k - 1].float(), dim=-1)  # (k-1, V)
+        tok_lp = logp.gather(-1, ids[i, a + 1 : a + k, None]).squeeze(-1)
+        loss[i] = -tok_lp.mean()
+        out["tok"][i, : k - 1] = tok_lp
         if full:
-            mu, sigma = vocab_moments(logp)
-            row["token_logprobs"] = tok_lp.cpu().numpy().astype(np.float32)
-            row["mu"] = mu.cpu().numpy().astype(np.float32)
-            row["sigma"] = sigma.cpu().numpy().astype(np.float32)
-        out.append(row)
-    return out
+            out["mu"][i, : k - 1], out["sigma"][i, : k - 1] = vocab_moments(logp)
+    host = {c: v.cpu().numpy() for c, v in out.items()}
+    losses = loss.cpu().tolist()
+    rows = []
+    for i, k in enumerate(n):
+        row = {"loss": losses[i], "n_tokens": k}
+        if full:
+            row["token_logprobs"] = host["tok"][i, : k - 1].copy()
+            row["mu"] = host["mu"][i, : k - 1].copy()
+            row["sigma"] = host["sigma"][i, : k - 1].copy()
+        rows.append(row)
+    return rows
 
 
 class Scorer:

@@ -117,3 +117,62 @@ def test_vocab_moments_give_no_nan_for_a_ruled_out_token():
     assert sigma.item() == pytest.approx(
         float(np.sqrt((p * np.log(p) ** 2).sum() - (p * np.log(p)).sum() ** 2))
     )
+
+
+def _row_by_row(logits, ids, mask):
+    """Each row alone, at its real positions (the definition row_stats must keep)."""
+    import torch
+
+    from mia_ray.actors.scorer import vocab_moments
+
+    rows = []
+    for i in range(ids.shape[0]):
+        pos = mask[i].nonzero().squeeze(-1)
+        logp = torch.log_softmax(logits[i, pos[:-1]].float(), dim=-1)
+        lp = logp.gather(-1, ids[i, pos[1:], None]).squeeze(-1)
+        mu, sigma = vocab_moments(logp)
+        rows.append((float(-lp.mean()), len(pos), lp.numpy(), mu.numpy(), sigma.numpy()))
+    return rows
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_row_stats_keeps_each_rows_numbers_bit_for_bit(side, dtype):
+    import torch
+
+    from mia_ray.actors.scorer import row_stats
+
+    g = torch.Generator().manual_seed(0)
+    n = [7, 3, 5, 7]
+    B, T, V = len(n), max(n), 50
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for i, k in enumerate(n):
+        mask[i, :k] = 1
+    if side == "left":
+        mask = mask.flip(1)
+    ids = torch.randint(0, V, (B, T), generator=g) * mask
+    logits = (3 * torch.randn(B, T, V, generator=g)).to(getattr(torch, dtype))
+    got = row_stats(logits, ids, mask, ["x"] * B, True)
+    for row, (loss, k, lp, mu, sigma) in zip(got, _row_by_row(logits, ids, mask), strict=True):
+        assert row["loss"] == loss and row["n_tokens"] == k
+        for key, want in (("token_logprobs", lp), ("mu", mu), ("sigma", sigma)):
+            assert row[key].dtype == np.float32 and row[key].shape == (k - 1,)
+            np.testing.assert_array_equal(row[key], want)
+    short = row_stats(logits, ids, mask, ["x"] * B, False)
+    assert [r["loss"] for r in short] == [r["loss"] for r in got]
+    assert all(set(r) == {"loss", "n_tokens"} for r in short)
+
+
+def test_row_stats_refuses_a_mask_with_gaps_and_a_one_token_row():
+    import torch
+
+    from mia_ray.actors.scorer import row_stats
+    from mia_ray.errors import MiaError
+
+    logits, ids = torch.zeros(1, 4, 5), torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(MiaError, match="the attention mask has gaps inside a row: pad on one"):
+        row_stats(logits, ids, torch.tensor([[1, 0, 1, 1]]), ["x"], True)
+    with pytest.raises(
+        MiaError, match="a snippet has fewer than 2 tokens after tokenization: 'ab'"
+    ):
+        row_stats(logits, ids, torch.tensor([[0, 0, 0, 1]]), ["ab"], True)
