@@ -67,7 +67,7 @@ class ModelConfig:
     reference: str = ""
     gguf_file: str = ""  # load weights from a GGUF file inside name_or_path
     revision: str = ""
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto (GPU: bfloat16, or float16 without it; CPU: float32) | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda
     max_length: int = 512  # tokens per snippet fed to the model (longer snippets are cropped)
     batch_size: int = 8

@@ -27,7 +27,10 @@ def pick_dtype(dtype: str, device: str):
     import torch
 
     if dtype == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
+        if device != "cuda":
+            return torch.float32  # CPUs without bf16 matmul units would emulate it, slower
+        # Half precision on a GPU; float16 where it has no bfloat16 (before Ampere).
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     try:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
             dtype
