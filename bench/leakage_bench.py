@@ -306,9 +306,9 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
             timed.append({"read_s": read_s, **_timed(ds.iter_batches(batch_format="pandas",
                                                                      batch_size=None))})  # fmt: skip
         half, r = timed
-        mb_half, mb = half["docs"]["bytes"].sum() / 1e6, r["docs"]["bytes"].sum() / 1e6
+        mb_half, mb_all = half["docs"]["bytes"].sum() / 1e6, r["docs"]["bytes"].sum() / 1e6
         r["steady_s"] = r["scan_s"] - half["scan_s"]
-        r["steady_mbs"] = (mb - mb_half) / r["steady_s"]
+        r["steady_mbs"] = (mb_all - mb_half) / r["steady_s"]
         r["startup_s"] = half["scan_s"] - mb_half / r["steady_mbs"]
         label = f"Ray Data, {workers} scanner actor{'s' if workers > 1 else ''}"
         runs.append({"label": label, "cores": workers, **r})
