@@ -170,6 +170,11 @@ ROWS = [
     Bad("leakage scanner CPUs 0", (*LEAKAGE, *_sets("scan.cpus_per_worker=0")),
         "scan.cpus_per_worker must be more than 0, not 0.0"),
     # ---- inputs checked before the model work (Ray is up)
+    # The default pool (2 actors x 1 CPU) on the session's 2-CPU Ray: Ray Data's reads
+    # would wait for a CPU until its no-progress timeout (30 min), seen in a bench run.
+    Bad("leakage scanner pool holds every CPU", LEAKAGE,
+        "scan.workers x scan.cpus_per_worker = 2 x 1 CPUs of the cluster's 2 leaves less than "
+        "one CPU for Ray Data to read the shards with", ray=True),
     Bad("missing data path", (*OWN, *_sets("data.path={tmp}/absent")),
         "data path not found: {tmp}/absent", ray=True),
     Bad("empty document", OWN, "document doc0.txt is empty", ray=True,

@@ -65,6 +65,21 @@ def _check_paths(cfg: LeakageJobConfig) -> None:
         )
 
 
+def _check_pool_fits(cfg: LeakageJobConfig) -> None:
+    """Refuse a scanner pool that holds every CPU: Ray Data's read tasks would then wait for
+    a CPU forever (until its no-progress timeout) while the actors wait for their input."""
+    from mia_ray.runtime import cluster_cpus
+
+    s, total = cfg.scan, cluster_cpus()
+    if total - s.workers * s.cpus_per_worker < 1:
+        raise MiaError(
+            f"scan.workers x scan.cpus_per_worker = {s.workers} x {s.cpus_per_worker:g} CPUs of "
+            f"the cluster's {total:g} leaves less than one CPU for Ray Data to read the shards "
+            "with, so the scan would never start; lower scan.cpus_per_worker (e.g. 0.5) or "
+            "scan.workers"
+        )
+
+
 # ------------------------------------------------------------------------ stores
 
 
@@ -520,6 +535,7 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
     t0 = time.monotonic()
     _resolve(cfg)
     _check_paths(cfg)
+    _check_pool_fits(cfg)
     stores = _stores(cfg, out)
     docs = _scan(cfg, stores, out)
     found = _findings(docs)
