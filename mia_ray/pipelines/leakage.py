@@ -270,7 +270,7 @@ class LeakScanner:
 
 def _scan_dataset(cfg: LeakageJobConfig, stores: dict[str, str], todo):
     """The Ray dataset of one pass: the shards in ``todo`` (``(name, path)``; each read,
-    and so materialized, here) streamed through one pool of ``scan.workers`` scanner actors
+    labelled and materialized here) streamed through one pool of ``scan.workers`` scanner actors
     (lazy: nothing is scanned until it is consumed). Its rows are :class:`LeakScanner`'s."""
     import ray
 
@@ -278,13 +278,19 @@ def _scan_dataset(cfg: LeakageJobConfig, stores: dict[str, str], todo):
     from mia_ray.runtime import ray_options
 
     s = cfg.scan
-    reads = [
-        read_documents(shard, text_field=cfg.crawl.text_field, id_field=cfg.crawl.id_field)
-        .select_columns(["doc_id", "text"])
-        .map_batches(_with_shard, fn_kwargs={"name": name}, batch_format="pyarrow")
-        for name, shard in todo
-    ]
-    ds = reads[0].union(*reads[1:]) if len(reads) > 1 else reads[0]
+    # Each shard is read and labelled here, and the scan streams from one input of all their
+    # blocks: a lazy union of per-shard operators made the driver's executor loop (on the
+    # actors' cores) cost the actor a quarter of its time on 32 shards (measured).
+    refs = []
+    for name, shard in todo:
+        ds = (
+            read_documents(shard, text_field=cfg.crawl.text_field, id_field=cfg.crawl.id_field)
+            .select_columns(["doc_id", "text"])
+            .map_batches(_with_shard, fn_kwargs={"name": name}, batch_format="pyarrow")
+            .materialize()
+        )
+        refs.extend(ds.to_arrow_refs())
+    ds = ray.data.from_arrow_refs(refs)
     return ds.map_batches(
         LeakScanner,
         fn_constructor_kwargs={
