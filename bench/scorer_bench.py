@@ -33,7 +33,7 @@ os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
 
 ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref")
 RATIO = 0.2
-MIN_BLOCKS = 4  # blocks per pool in the Ray side's half run (see ray_steady)
+MIN_BLOCKS = 4  # blocks per pool in each side's half run (see by_difference)
 
 
 def forward_flops(model, n_tokens: int, seq_len: float) -> float:
@@ -163,10 +163,8 @@ def fair_peer(texts, model_dir, ref_dir, max_length, batch, threads):
 
     t0 = time.perf_counter()
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    rows, first = {}, 0.0
+    rows = {}
     for s in range(0, len(order), batch):
-        if s == batch:  # the steady state starts after the first batch, as for mia-ray's sides
-            first = time.perf_counter() - t0
         idx = order[s : s + batch]
         bt = [texts[i] for i in idx]
         tgt = passes(model, bt, True)
@@ -175,9 +173,8 @@ def fair_peer(texts, model_dir, ref_dir, max_length, batch, threads):
         for j, i in enumerate(idx):
             lp, mu, sigma = tgt[j]
             rows[i] = attack_scores(lp, mu, sigma, texts[i], -low[j][0].mean(), -rf[j][0].mean())
-    total = time.perf_counter() - t0
-    steady = (len(texts) - batch) / (total - first)
-    return pd.DataFrame([rows[i] for i in range(len(texts))]), t_load, first, steady
+    wall = time.perf_counter() - t0
+    return pd.DataFrame([rows[i] for i in range(len(texts))]), t_load, [wall]
 
 
 def _mia_scores(frame: pd.DataFrame, texts) -> pd.DataFrame:
@@ -197,15 +194,6 @@ def _mia_scores(frame: pd.DataFrame, texts) -> pd.DataFrame:
     return pd.DataFrame({a: np.asarray(table[a]) for a in ATTACKS})
 
 
-def _steady(times: list[tuple[float, int]], t_start: float) -> tuple[float, float]:
-    """(seconds to the first block, rows/s after it) from (arrival time, rows) per block."""
-    times = sorted(times)
-    first = times[0][0] - t_start
-    rest = sum(n for _, n in times[1:])
-    span = times[-1][0] - times[0][0]
-    return first, rest / span if span > 0 else float("nan")
-
-
 def in_process(texts, model_dir, ref_dir, max_length, batch, threads, block_rows):
     """The Scorer actors' own code called directly, on the pipeline's batches, no Ray."""
     from mia_ray.actors import BATCH
@@ -220,22 +208,22 @@ def in_process(texts, model_dir, ref_dir, max_length, batch, threads, block_rows
     t_load = time.perf_counter() - t0
     rows = draw_batches(df, batch)
     per_block = batch * max(1, block_rows // batch)
-    outs, rates = {}, []
+    outs, walls = {}, []
     for name, scorer in (("target", tgt), ("reference", ref)):
-        t0, times, parts = time.perf_counter(), [], []
+        t0, parts = time.perf_counter(), []
         for s in range(0, len(rows), per_block):
             parts.append(scorer(rows.iloc[s : s + per_block]))
-            times.append((time.perf_counter(), len(parts[-1])))
+        walls.append(time.perf_counter() - t0)
         outs[name] = pd.concat(parts).drop(columns=BATCH)
-        rates.append(_steady(times, t0))
     m = outs["target"].merge(outs["reference"][["snippet_id", "ref_loss"]], on="snippet_id")
-    return _mia_scores(m, texts), t_load, rates, m
+    return _mia_scores(m, texts), t_load, walls
 
 
 def through_ray(texts, model_dir, ref_dir, max_length, batch, threads, block_rows):
     """The pipeline's path: model_blocks -> a Scorer actor pool (scorer_mapper), target then
-    reference, on a local Ray instance. Returns the scores and each pool's wall time (actor
-    start, model load and every row back at the driver)."""
+    reference, on a local Ray instance. Returns the scores, no load time (the actors load
+    inside their pools' wall time) and each pool's wall time (actor start, model load and
+    every row back at the driver)."""
     from mia_ray.actors import BATCH
     from mia_ray.config import ModelConfig, ResourcesConfig
     from mia_ray.pipelines.attack import scorer_mapper
@@ -256,26 +244,99 @@ def through_ray(texts, model_dir, ref_dir, max_length, batch, threads, block_row
         walls.append(time.perf_counter() - t0)
         outs[name] = pd.concat(parts)
     m = outs["target"].merge(outs["reference"][["snippet_id", "ref_loss"]], on="snippet_id")
-    return _mia_scores(m, texts), walls
+    return _mia_scores(m, texts), 0.0, walls
 
 
-def ray_steady(texts, *args) -> tuple[pd.DataFrame, list[tuple[float, float]], float]:
-    """Each pool's (start-up s, steady rows/s) through Ray, from two runs: half the snippets,
-    then all. Ray Data hands rows back in bursts, so arrival times at the driver do not show
-    the scoring rate; the extra rows over the extra wall time do, and start-up cancels out
-    (it is the intercept). Returns the full run's scores, the rates and its wall time."""
-    half = len(texts) // 2
-    _, walls_half = through_ray(texts[:half], *args)
-    scores, walls = through_ray(texts, *args)
+# Ray Data's own helper actors (stats, autoscaling, actor locations), by process title.
+_RAY_DATA_HELPERS = ("_StatsActor", "_AutoscalingCoordinatorActor", "ActorLocationTracker")
+
+
+class CpuSampler:
+    """CPU seconds (user + system) of every process on the machine, read every ``every``
+    seconds while it runs, so a process that ends (an actor pool's workers) keeps what it
+    spent until its last reading. ``used()``: pid -> (process title, CPU s since start)."""
+
+    def __init__(self, every: float = 0.5):
+        import threading
+
+        self.every, self.first, self.last = every, {}, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _read(self) -> None:
+        import psutil
+
+        started = bool(self.last)  # a process first seen later started since
+        for p in psutil.process_iter(["cmdline", "name"]):
+            try:
+                c = p.cpu_times()
+                title = " ".join(p.info["cmdline"] or [p.info["name"] or ""])
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            self.first.setdefault(p.pid, (title, 0.0 if started else c.user + c.system))
+            self.last[p.pid] = (title, c.user + c.system)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._read()
+
+    def __enter__(self) -> CpuSampler:
+        self._read()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._read()
+
+    def used(self) -> dict[int, tuple[str, float]]:
+        return {pid: (t, c - self.first[pid][1]) for pid, (t, c) in self.last.items()}
+
+
+def cpu_split(used: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """:meth:`CpuSampler.used` by who spent it: the Scorer actors, this driver, Ray Data's
+    helper actors, the rest of Ray (raylet, GCS, agents, idle workers) and everything else."""
+    split = dict.fromkeys(
+        ("scorer actors", "driver", "Ray Data helpers", "rest of Ray", "other"), 0.0
+    )
+    for pid, (title, cpu) in used.items():
+        if pid == os.getpid():
+            split["driver"] += cpu
+        elif "Scorer" in title:
+            split["scorer actors"] += cpu
+        elif any(h in title for h in _RAY_DATA_HELPERS):
+            split["Ray Data helpers"] += cpu
+        elif "ray" in title.lower():
+            split["rest of Ray"] += cpu
+        else:
+            split["other"] += cpu
+    return split
+
+
+def by_difference(side, texts, *args) -> tuple[pd.DataFrame, float, list, float, dict]:
+    """One side's steady state, measured the same way for every batched side: run it on
+    every other snippet (half of them, of the same mix of lengths), then on all; each pool's
+    steady rows/s is the extra rows over its extra wall time, and its start-up (warm-up, and
+    through Ray actor start and model load: the intercept) cancels out. ``side(texts, *args)
+    -> (scores, load s, wall s per pool)``. Returns the full run's scores, its load time,
+    each pool's (start-up s, rows/s), the full run's wall time and who spent the machine's
+    CPU during it (:func:`cpu_split`). Ray Data hands rows back in bursts, so arrival times
+    would not show the rate; and the snippets are scored longest first, so the rows after a
+    first batch would flatter a side."""
+    half = len(texts[::2])
+    _, _, walls_half = side(texts[::2], *args)
+    with CpuSampler() as cpu:
+        scores, load, walls = side(texts, *args)
     rates = []
     for w_half, w in zip(walls_half, walls, strict=True):
         rate = (len(texts) - half) / (w - w_half)
         rates.append((w_half - half / rate, rate))
-    return scores, rates, sum(walls)
+    return scores, load, rates, sum(walls), cpu_split(cpu.used())
 
 
 def _combined(rates) -> float:
-    """Snippets/s through all three passes, from each pool's steady rows/s (they run in turn)."""
+    """Snippets/s through all passes, from each pool's steady rows/s (they run in turn)."""
     return 1.0 / sum(1.0 / r for _, r in rates)
 
 
@@ -346,17 +407,14 @@ def main() -> int:
         _node_ip_address="127.0.0.1",
     )  # fmt: skip
     ray.data.DataContext.get_current().enable_progress_bars = False
-    ray_scores, ray_rates, ray_wall = ray_steady(
-        texts, *common, args.batch_size, args.threads, args.block_rows
-    )
+    mia_args = (*common, args.batch_size, args.threads, args.block_rows)
+    ray_scores, _, ray_rates, ray_wall, ray_cpu = by_difference(through_ray, texts, *mia_args)
     ray.shutdown()
 
     torch.set_num_threads(args.threads)
-    ip_scores, ip_load, ip_rates, merged = in_process(
-        texts, *common, args.batch_size, args.threads, args.block_rows
-    )
-    peer_scores, peer_load, peer_first, peer_rate = fair_peer(
-        texts, *common, args.batch_size, args.threads
+    ip_scores, ip_load, ip_rates, _, _ = by_difference(in_process, texts, *mia_args)
+    peer_scores, peer_load, peer_rates, _, _ = by_difference(
+        fair_peer, texts, *common, args.batch_size, args.threads
     )
     nv = texts[: args.n_naive]
     naive_scores, naive_load, naive_s, naive_passes = naive(nv, *common, args.threads)
@@ -389,12 +447,15 @@ def main() -> int:
     seq = n_tok / len(texts)
     per_snippet = sum(forward_flops(m, sum(n), sum(n) / len(n)) for m, n in passes) / len(texts)
     peak = matmul_flops(args.threads)
-    ip_rate, ray_rate = _combined(ip_rates), _combined(ray_rates)
+    ip_rate, ray_rate, peer_rate = _combined(ip_rates), _combined(ray_rates), _combined(peer_rates)
     naive_rate = len(nv) / naive_s
     share = lambda r: 100 * r * per_snippet / peak  # noqa: E731
     ip_first = sum(f for f, _ in ip_rates)
+    peer_first = sum(f for f, _ in peer_rates)
     ray_first = sum(f for f, _ in ray_rates)
     date = time.strftime("%Y-%m-%d")
+    machine_cpu = ray_wall * (os.cpu_count() or 1)
+    cpu_use = "; ".join(f"{k} {100 * v / machine_cpu:.1f} %" for k, v in ray_cpu.items())
     lines = [
         f"## Scoring on `{args.target}`: mia-ray against the fair peer and the naive loop",
         "",
@@ -413,15 +474,26 @@ def main() -> int:
         f"| mia-ray through Ray Data (1 Scorer actor per model) | 3 | {ray_first:.1f} | {ray_rate:.2f} | {ray_rate / peer_rate:.2f}× | {share(ray_rate):.1f} % |",
         "",
         f"**Ray Data / in-process at steady state: {100 * ray_rate / ip_rate:.0f} %**; mia-ray / naive loop: "
-        f"{ip_rate / naive_rate:.1f}×. Steady state: in-process and for the fair peer, the rows after the "
-        f"first block over the time after it ({ip_first:.1f} s and {peer_first:.1f} s for the first blocks, "
-        f"after loading); through Ray, where rows come back to the driver in bursts, each pool's extra rows "
-        f"over its extra wall time between a run on half the snippets and one on all, and its start-up "
-        f"(actor start, model load, warm-up: the intercept) {ray_first:.1f} s for both pools, the whole "
+        f"{ip_rate / naive_rate:.1f}×. Steady state, the same for the three batched sides: each "
+        f"runs on every other snippet, then on all, and each pool's steady rate is its "
+        f"extra rows over its extra wall time (rows reach Ray's driver in bursts, and the "
+        f"snippets go longest first, so the rows after a first batch would flatter a side). "
+        f"Start-up, the intercept (warm-up; through Ray also actor start and model load): "
+        f"in-process {ip_first:.1f} s, fair peer {peer_first:.1f} s, Ray {ray_first:.1f} s "
+        f"(both pools), after loading the models (the load column; in Ray's start-up). "
+        f"In-process and the fair peer have next to no start-up, so their intercepts show the "
+        f"method's noise (they can come out below zero). The whole "
         f"Ray run {ray_wall:.1f} s. FLOP share: forward FLOPs of the three "
         f"passes ({per_snippet / 1e9:.1f} GFLOP per snippet: weights, LM head, attention) × snippets/s over "
         f"this machine's fp32 matmul ({peak / 1e9:.0f} GFLOP/s, 2048², {args.threads} threads); the naive "
         "loop's share counts only the three passes that any method needs.",
+        "",
+        f"Where the machine's CPU went during the whole Ray run ({ray_wall:.0f} s × {os.cpu_count()} "
+        f"CPUs): {cpu_use}. What the Scorer actors do not get is what Ray's own processes "
+        "take on the same cores: the driver's executor loop and iterator, Ray Data's helper "
+        "actors, the raylet, GCS and agents. A forward on all the cores waits for its slowest "
+        "thread, so every slice taken from one thread stalls the others too; on nodes whose "
+        "accelerators do the forward these processes take CPU the model does not use.",
         "",
     ]
     text = "\n".join(lines)
