@@ -235,9 +235,29 @@ class ShingleStore:
         the result does not depend on the order the store was built in."""
         return self._match(text, *words_with_offsets(text)[1:])
 
-    def _match(self, text: str, starts: np.ndarray, ends: np.ndarray) -> list[SpanMatch]:
-        """:meth:`match`, given the offsets of the words of ``text``."""
-        queries = window_hashes(_normalised(text, starts, ends), self.span)
+    def _match(
+        self, text: str, starts: np.ndarray, ends: np.ndarray, keep: np.ndarray | None = None
+    ) -> list[SpanMatch]:
+        """:meth:`match`, given the offsets of the words of ``text``; ``keep``: a mask of the
+        words a matching window may hold (the others cannot be in the store), or None."""
+        if keep is None:
+            queries = window_hashes(_normalised(text, starts, ends), self.span)
+            win = np.arange(len(queries))  # the word each window starts at
+        else:
+            # Only windows inside a run of ``span`` kept words can match: hash those runs'
+            # words, and keep the windows whose words are consecutive in the text.
+            edges = np.flatnonzero(np.diff(np.concatenate([[0], keep.astype(np.int8), [0]])))
+            first, stop = edges[::2], edges[1::2]
+            long = stop - first >= self.span
+            first, stop = first[long], stop[long]
+            if not len(first):
+                return []
+            sizes = stop - first
+            at = np.repeat(first - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
+            idx = at + np.arange(len(at))  # the runs' words, in order
+            queries = window_hashes(_normalised(text, starts[idx], ends[idx]), self.span)
+            whole = idx[self.span - 1 :] - idx[: len(queries)] == self.span - 1
+            queries, win = queries[whole], idx[: len(whole)][whole]
         n = len(self.hashes)
         if not n or not len(queries):
             return []
@@ -252,9 +272,9 @@ class ShingleStore:
         if more.size:
             hi[more] = np.searchsorted(self.hashes, queries[more], side="right")
         else:  # every window in one place: all runs at once
-            ref, pos = self.ref[lo[hits]], self.pos[lo[hits]]
+            ref, pos, w = self.ref[lo[hits]], self.pos[lo[hits]], win[hits]
             # A window continues a run when it is the next one and the same reference's next.
-            goes_on = (np.diff(hits) == 1) & (np.diff(ref) == 0) & (np.diff(pos) == 1)
+            goes_on = (np.diff(w) == 1) & (np.diff(ref) == 0) & (np.diff(pos) == 1)
             heads = np.flatnonzero(np.concatenate([[True], ~goes_on]))
             tails = np.append(heads[1:], len(hits)) - 1
             return [
@@ -262,16 +282,16 @@ class ShingleStore:
                 for r, p, a, b in zip(
                     ref[heads].tolist(),
                     pos[heads].tolist(),
-                    hits[heads].tolist(),
-                    hits[tails].tolist(),
+                    w[heads].tolist(),
+                    w[tails].tolist(),
                     strict=True,
                 )
             ]
         out: list[SpanMatch] = []
         first = last = -1
         alive: set[tuple[int, int]] = set()  # (ref, its position at the run's first window)
-        for j in hits.tolist():
-            cands = {(int(self.ref[k]), int(self.pos[k])) for k in range(lo[j], hi[j])}
+        for q, j in zip(hits.tolist(), win[hits].tolist(), strict=True):
+            cands = {(int(self.ref[k]), int(self.pos[k])) for k in range(lo[q], hi[q])}
             if alive and j == last + 1:
                 kept = {(r, p - (j - first)) for r, p in cands} & alive
                 if kept:
@@ -289,6 +309,7 @@ class ShingleStore:
         consecutive words each either non-ASCII or in the vocabulary: a matching window's
         words are all in its reference text, so the others cannot match."""
         out: list[list[SpanMatch]] = [[] for _ in batch.texts]
+        known = None
         if self.vocab is None:
             todo = range(len(batch.texts))
         else:
@@ -298,7 +319,12 @@ class ShingleStore:
         starts, ends, first = batch.words
         for i in todo:
             a, b, at = first[i], first[i + 1], batch.offsets[i]
-            out[i] = self._match(batch.texts[i], starts[a:b] - at, ends[a:b] - at)
+            out[i] = self._match(
+                batch.texts[i],
+                starts[a:b] - at,
+                ends[a:b] - at,
+                None if known is None else known[a:b],
+            )
         return out
 
     def _span(self, alive, first: int, last: int, starts: np.ndarray, ends: np.ndarray):

@@ -105,3 +105,21 @@ def test_a_window_two_references_share_gives_one_run_whatever_the_build_order():
         # The passage's whole copy is one run (not cut where the question's windows end),
         # and the question's own copy after it is another.
         assert ms == [("item#passage", 3, 33), ("item#question", 34, 55)], ms
+
+
+def test_match_many_hashes_only_runs_of_known_words_and_never_joins_two_runs():
+    from mia_ray.features.textbatch import TextBatch
+
+    store = ShingleStore.build([("ref", REF)], span=10)
+    # Two runs of known words with a word the store does not know between them: joined, the
+    # runs would make windows that are not in the text (w2..w11 + w12 ...), and one match.
+    split = " ".join(WORDS[:12]) + " zzz " + " ".join(WORDS[12:26])
+    # Known words on both sides of a run of twelve: only the run's windows match.
+    copied = "w3 zzz " + " ".join(WORDS[20:32]) + " zzz w1 w2"
+    batch = TextBatch([split, copied, REF])
+    got = store.match_many(batch)
+    assert got[0] == store.match(split)
+    assert [(m.word_start, m.word_end, m.ref_word) for m in got[0]] == [(0, 12, 0), (13, 27, 12)]
+    assert got[1] == store.match(copied)
+    assert [(m.word_start, m.word_end, m.ref_word) for m in got[1]] == [(2, 14, 20)]
+    assert got[2] == store.match(REF) and [(m.word_start, m.word_end) for m in got[2]] == [(0, 40)]
