@@ -75,10 +75,57 @@ def scanner_sample(
     return pages, references
 
 
+def _reference_scanner():
+    """The frozen reference scanner of the tests (tests/features/_reference_scanner.py)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "features" / "_reference_scanner.py"
+    spec = importlib.util.spec_from_file_location("_reference_scanner", path)
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    return ref
+
+
+def _host_gauge(cfg, stores: dict[str, str], mb: float = 2.0) -> dict:
+    """This host's speed for scanning code that does not change: the frozen reference scanner
+    (and, beside it, ``LeakScanner`` 64 pages a call, as the scanner-core section runs them)
+    on the crawl's first ``mb`` MB, best of 2 interleaved rounds. Its MB/s set beside the
+    scanner-core section's (the same kind of pages on another day) say how fast this host
+    runs Python today, for the absolute rates in this section."""
+    import pandas as pd
+
+    from mia_ray.features.shingles import ShingleStore
+    from mia_ray.pipelines.leakage import LeakScanner
+
+    ref = _reference_scanner()
+    df = pd.read_json(cfg.crawl.shards[0], lines=True, dtype={"id": str})
+    sizes = df["text"].str.encode("utf-8").str.len().cumsum()
+    df = df[sizes <= mb * 1e6]
+    size = df["text"].str.encode("utf-8").str.len().sum() / 1e6
+    loaded = {c: ShingleStore.load(p) for c, p in stores.items()}
+    scanner = LeakScanner(stores, cfg.scan.pii_types, cfg.scan.names, cfg.scan.instance_words)
+    batches = [
+        pd.DataFrame({"doc_id": df["id"].iloc[i : i + 64], "shard": "s",
+                      "text": df["text"].iloc[i : i + 64]})
+        for i in range(0, len(df), 64)
+    ]  # fmt: skip
+    scanner(batches[0])  # builds the Hyperscan database and the view table
+    old_s, new_s = [], []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        for text in df["text"]:
+            ref.scan_document(text, loaded)
+        old_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for b in batches:
+            scanner(b)
+        new_s.append(time.perf_counter() - t0)
+    return {"mb": size, "reference_mbs": size / min(old_s), "scanner_mbs": size / min(new_s)}
+
+
 def scanner_core(mb: float, rounds: int) -> str:
     """One scanner on one core vs the reference scanner, on ``mb`` MB of pages at two densities
     (the dense default and the demo crawl's one record per ten pages); a Markdown section."""
-    import importlib.util
     import statistics
 
     import pandas as pd
@@ -86,10 +133,7 @@ def scanner_core(mb: float, rounds: int) -> str:
     from mia_ray.features.shingles import ShingleStore
     from mia_ray.pipelines.leakage import LeakScanner
 
-    path = Path(__file__).resolve().parents[1] / "tests" / "features" / "_reference_scanner.py"
-    spec = importlib.util.spec_from_file_location("_reference_scanner", path)
-    ref = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ref)
+    ref = _reference_scanner()
     lines, work = [], Path(tempfile.mkdtemp(prefix="scanner-core-"))
     for label, records in (("PII in 4 of 7 pages", (0, 0, 0, 1, 1, 2, 3)),
                            ("PII in 1 of 10 pages (demo crawl)", (0,) * 9 + (1,))):  # fmt: skip
@@ -291,6 +335,8 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
     inproc = _in_process(cfg, stores, cfg.scan.batch_size)
     runs.append({"label": "in-process scanner, no Ray", "cores": 1, **inproc})
     print(f"in-process: {inproc['steady_mbs']:.1f} MB/s steady", flush=True)
+    gauge = _host_gauge(cfg, stores)
+    print(f"host gauge: reference scanner {gauge['reference_mbs']:.2f} MB/s", flush=True)
     todo = [(Path(p).name, p) for p in cfg.crawl.shards]
     for workers in (1, 2):
         c = copy.deepcopy(cfg)
@@ -393,6 +439,14 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
             "operators run on them beside the actors, so 2 actors cannot get 2 whole cores: "
             "the 2-vs-1 ratio is what a second actor adds on this machine, not the scaling "
             f"of dedicated cores, which this run does not measure.{busy}",
+            "",
+            f"How fast this host ran Python during the run: on the crawl's first "
+            f"{gauge['mb']:.1f} MB, the frozen reference scanner (code that does not change) "
+            f"scanned **{gauge['reference_mbs']:.2f} MB/s**, and `LeakScanner` 64 pages a call "
+            f"{gauge['scanner_mbs']:.1f} MB/s (best of 2 interleaved rounds). The section "
+            '"Leakage scanner: MB/s on one core" ran both on the same kind of pages (its '
+            "first row) on another day: the ratio of the two reference rates is how much "
+            "slower or faster this host ran, and the MB/s above scale with it.",
         ]
     )
 
