@@ -721,6 +721,9 @@ def find_person_names(
 
 
 _TOKEN_CHARS = frozenset(string.ascii_letters + ".'’-")  # what a name token is made of
+# Per (first names, surnames): each token read so far -> its kind (:func:`_names_at`).
+_KINDS: dict[tuple[frozenset[str], frozenset[str]], dict[str, int]] = {}
+_KINDS_SIZE = 1 << 17  # tokens; cleared past this
 
 
 def _names_at(
@@ -732,8 +735,21 @@ def _names_at(
     A name starts only at such a token and spans at most four, so reading on from each
     candidate with the tokens after it gives the same names as the scan over every token."""
 
-    def surname(tok: str) -> bool:
-        return tok[-1] != "." and all(_key(p) in last for p in tok.split("-"))
+    kinds = _KINDS.get((first, last))
+    if kinds is None or len(kinds) > _KINDS_SIZE:
+        kinds = _KINDS[first, last] = {}
+
+    def kind(tok: str) -> int:
+        """1 if ``tok`` is a first name, | 2 if a surname (each part of it one): cached, as
+        the tokens of text repeat."""
+        k = kinds.get(tok)
+        if k is None:
+            k = kinds[tok] = (
+                0
+                if tok[-1] == "."
+                else (_key(tok) in first) | 2 * all(_key(p) in last for p in tok.split("-"))
+            )
+        return k
 
     def after(end: int, dot: bool = False) -> re.Match[str] | None:
         """The token after the one ending at ``end`` if 1-2 spaces (after a '.' when ``dot``)
@@ -748,14 +764,14 @@ def _names_at(
         return None
 
     def full_name(tok: re.Match[str]) -> re.Match[str] | None:
-        if tok[0][-1] == "." or _key(tok[0]) not in first:
+        if not kind(tok[0]) & 1:
             return None
         if (mid := after(tok.end())) is not None:
-            if (mid[0][-1] == "." or _key(mid[0]) in first) and (
-                (sur := after(mid.end())) is not None and surname(sur[0])
+            if (mid[0][-1] == "." or kind(mid[0]) & 1) and (
+                (sur := after(mid.end())) is not None and kind(sur[0]) & 2
             ):
                 return sur
-            if surname(mid[0]):
+            if kind(mid[0]) & 2:
                 return mid
         return None
 
@@ -776,13 +792,13 @@ def _names_at(
         j = None
         if tok[0] in HONORIFICS and (nxt := after(tok.end(), dot=True)) is not None:
             j = full_name(nxt)
-            if j is None and surname(nxt[0]):
+            if j is None and kind(nxt[0]) & 2:
                 j = nxt
             elif (  # "Dr. J. Smith"
                 j is None
                 and nxt[0][-1] == "."
                 and (sur := after(nxt.end())) is not None
-                and surname(sur[0])
+                and kind(sur[0]) & 2
             ):
                 j = sur
         if j is None:
@@ -1011,9 +1027,9 @@ class _Prefilter:
     wherever the pattern matches the text, and so does its :func:`_core`, whose match ends
     locate the pattern's; a context-gated type needs one of its context words (any case); a
     name starts at an honorific or at a first name of the lists (its first letter upper case,
-    the rest in any case, a word ending there). A text holding a token with an apostrophe
-    after its first letter ("O'Brien") is read for names whole. A type whose pattern
-    Hyperscan cannot compile is always read whole."""
+    the rest in any case, a word ending there) or at a token with an apostrophe after its first
+    letter ("O'Brien": its key may be a first name). A type whose pattern Hyperscan cannot
+    compile is always read whole."""
 
     # Pattern ids: a type's index; 999 the apostrophe token; 1000 + k the k-th name pattern.
     _NAMES, _APOSTROPHE = 1000, 999
@@ -1062,22 +1078,20 @@ class _Prefilter:
 
     def scan(
         self, batch: TextBatch
-    ) -> tuple[list[dict[int, list[tuple[int, int]] | None]], list[list[int]], list[bool]]:
+    ) -> tuple[list[dict[int, list[tuple[int, int]] | None]], list[list[int]]]:
         """Per text: the types to read (type index: the ranges, sorted, outside which no match
-        starts, or None to read the text whole), the candidate name starts (sorted), whether
-        to read it whole for names."""
+        starts, or None to read the text whole) and the candidate name starts (sorted)."""
         n = len(batch.texts)
         types: list[dict] = [dict.fromkeys(self.always) for _ in range(n)]
         starts: list[list[int]] = [[] for _ in range(n)]
-        whole = [False] * n
         if self.empty:
-            return types, starts, whole
+            return types, starts
         hits: list[tuple[int, int]] = []
         if (scratch := getattr(self._local, "scratch", None)) is None:
             scratch = self._local.scratch = self._scratch(self.db)
         self.db.scan(batch.view, match_event_handler=_collect, context=hits, scratch=scratch)
         if not hits:
-            return types, starts, whole
+            return types, starts
         ids, ends = np.array(hits, dtype=np.int64).T
         # A name report ends after the capital that follows its 1-2 spaces: two spaces when
         # the character three back is one (with one, it is the name's last letter).
@@ -1093,7 +1107,7 @@ class _Prefilter:
             if i >= self._NAMES:
                 starts[d].append(e)
             elif i == self._APOSTROPHE:
-                whole[d] = True
+                starts[d].append(e - 3)  # the token's first letter: "O" of "O'B"
             elif i in geometry:
                 # A match starting at s has a core match [s, e) with cmin <= e - s <= cmax.
                 cmin, cmax, _ = geometry[i]
@@ -1106,7 +1120,7 @@ class _Prefilter:
                     spans.sort()
         for s in starts:
             s.sort()
-        return types, starts, whole
+        return types, starts
 
 
 _SPACE_BYTE = np.zeros(256, dtype=np.int64)
@@ -1173,7 +1187,7 @@ def scan_pii_many(
     pre = _prefilter(tuple(t.name for t in chosen), names)
     if pre is None:
         every = dict.fromkeys(range(len(chosen)))
-        plan = [(every, None, True) for _ in texts]
+        plan = [(every, None) for _ in texts]
     else:
         plan = list(zip(*pre.scan(batch or TextBatch(texts)), strict=True))
     first, last = (
@@ -1182,7 +1196,7 @@ def scan_pii_many(
         else (frozenset(), frozenset())
     )
     out = []
-    for text, (read, name_starts, whole) in zip(texts, plan, strict=True):
+    for text, (read, name_starts) in zip(texts, plan, strict=True):
         lower = None
         found = []
         for k, spans in read.items():
@@ -1195,7 +1209,7 @@ def scan_pii_many(
                 lower = text.lower()
             found.extend(_find(t, text, lower))
         if names:
-            if whole:
+            if pre is None:  # every text is read whole
                 found.extend(find_person_names(text))
             elif name_starts:
                 found.extend(_names_at(text, name_starts, first, last))
