@@ -385,11 +385,12 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
     steady_ratio = two["steady_mbs"] / one["steady_mbs"]
     load_after = os.getloadavg()
     cores = os.cpu_count() or 1
+    # The load after the run is mostly the run's own: only the load before it tells of other work.
     busy = (
-        f" Other work ran on the machine meanwhile (load average {load_before[0]:.1f} before "
-        f"the run on {cores} cores): every figure is lower than on an idle machine, and the "
-        "ratios carry that noise."
-        if max(load_before[0], load_after[0]) > cores
+        f" Other work ran on the machine before the run (load average {load_before[0]:.1f} on "
+        f"{cores} cores): every figure may be lower than on an idle machine, and the ratios "
+        "carry that noise."
+        if load_before[0] > cores / 2
         else ""
     )
     return "\n".join(
