@@ -981,6 +981,53 @@ def _reach(items) -> int:
     return out
 
 
+# Python's \s (the highest is U+3000), and what a TextBatch's view makes of it: these bytes.
+_PY_SPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace())
+_VIEW_SPACE_BYTES = [b" ", b"\t", b"\n", b"\r", b"\f"]
+
+
+def _in_class(items, ch: str) -> bool:
+    """Whether a character class (``re``'s parse of ``[...]``) matches ``ch`` (a space)."""
+    c = _sre_parse
+    hit, negate = False, False
+    for op, av in items:
+        if op is c.NEGATE:
+            negate = True
+        elif op is c.LITERAL:
+            hit |= chr(av) == ch
+        elif op is c.RANGE:
+            hit |= av[0] <= ord(ch) <= av[1]
+        elif op is c.CATEGORY:
+            hit |= av not in (c.CATEGORY_NOT_SPACE, c.CATEGORY_DIGIT, c.CATEGORY_WORD)
+        else:
+            return True  # a construct not looked into: it may
+    return hit != negate
+
+
+def _may_hold_space(items) -> bool:
+    """Whether a match of a parsed lookaround-free pattern (``re``'s parse tree) may hold a
+    whitespace character (Python's ``\\s``); True where not sure."""
+    c = _sre_parse
+    for op, av in items:
+        if op is c.LITERAL:
+            hit = chr(av) in _PY_SPACE
+        elif op is c.IN:
+            hit = any(_in_class(av, ch) for ch in _PY_SPACE)
+        elif op is c.BRANCH:
+            hit = any(_may_hold_space(b) for b in av[1])
+        elif op is c.SUBPATTERN:
+            hit = _may_hold_space(av[-1])
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT):
+            hit = _may_hold_space(av[2])
+        elif op is c.AT:
+            hit = False  # zero width
+        else:
+            return True  # NOT_LITERAL, ANY, a back reference, ...: it may
+        if hit:
+            return True
+    return False
+
+
 def _geometry(pattern: re.Pattern[str], core: str) -> tuple[int, int, int]:
     """(least and most characters a ``core`` match spans, most characters a ``pattern``
     match attempt reads from its start): ``_UNBOUNDED`` where there is no bound."""
@@ -1037,6 +1084,9 @@ class _Prefilter:
     def __init__(self, hyperscan, chosen: tuple[PiiType, ...], names: bool):
         exprs: list[tuple[bytes, int, int]] = []  # (expression, id, flags)
         self.always: set[int] = set()  # types read whole in every text
+        # Types whose core matches are of any length but hold no whitespace: a match starts
+        # after the last whitespace before its core's end.
+        self.solid: set[int] = set()
         # Types read near their reports: (least and most characters of a core match, most
         # characters a pattern's attempt reads), _UNBOUNDED where there is no bound.
         self.geometry: dict[int, tuple[int, int, int]] = {}
@@ -1049,6 +1099,10 @@ class _Prefilter:
             core = _core(_without_lookarounds(t.pattern.pattern))
             try:
                 self.geometry[k] = _geometry(t.pattern, core)
+                if self.geometry[k][1] >= _UNBOUNDED and not _may_hold_space(
+                    _sre_parse.parse(core, t.pattern.flags)
+                ):
+                    self.solid.add(k)
                 hyperscan.Database().compile(expressions=[core.encode()], ids=[k], elements=1)
             except (hyperscan.error, re.error):
                 self.always.add(k)
@@ -1101,9 +1155,13 @@ class _Prefilter:
             two = _SPACE_BYTE[np.frombuffer(batch.view, dtype=np.uint8)[e - 3]]
             ends[name] = e - 2 - two - self._name_len[ids[name] - self._NAMES]  # its start
         docs = batch.doc_of(ends - (~name))  # (a start is in its text; an end, just after)
-        ends = (ends - batch.offsets[docs]).tolist()
+        at = batch.offsets[docs]
+        view, solid = batch.view, self.solid
         geometry = self.geometry
-        for i, e, d in zip(ids.tolist(), ends, docs.tolist(), strict=True):
+        for i, g, e, d, a in zip(
+            ids.tolist(), ends.tolist(), (ends - at).tolist(), docs.tolist(), at.tolist(),
+            strict=True,
+        ):  # fmt: skip
             if i >= self._NAMES:
                 starts[d].append(e)
             elif i == self._APOSTROPHE:
@@ -1111,7 +1169,11 @@ class _Prefilter:
             elif i in geometry:
                 # A match starting at s has a core match [s, e) with cmin <= e - s <= cmax.
                 cmin, cmax, _ = geometry[i]
-                types[d].setdefault(i, []).append((max(0, e - cmax), e - cmin))
+                if i in solid:  # after the last whitespace before the end (or the text's start)
+                    lo = max([view.rfind(c, a, g) for c in _VIEW_SPACE_BYTES]) + 1 - a
+                else:
+                    lo = e - cmax
+                types[d].setdefault(i, []).append((max(0, lo), e - cmin))
             else:
                 types[d][i] = None
         for per_type in types:

@@ -240,3 +240,21 @@ def test_prefilter_patterns_accept_every_match_and_cores_are_prefixes(world):
                     continue  # unbounded cores: no geometry to check
                 cmin, cmax, reads = pii._geometry(t.pattern, core)
                 assert cmin <= c.end() <= cmax and len(m.group()) <= reads
+                if t.name in ("email", "url_credentials", "jwt"):
+                    # The prefilter starts their search after the last whitespace before a
+                    # core's end: their core matches hold none.
+                    assert not re.search(r"\s", c.group()), (t.name, c.group())
+
+
+def test_whitespace_analysis_of_cores():
+    def holds(pattern: str) -> bool:
+        return pii._may_hold_space(pii._sre_parse.parse(pattern))
+
+    assert [holds(p) for p in (r"a\sb", "a b", r"[^x]", r"[^\S]", "a.b", "(?:x|\u00a0)", r"\D")] == [
+        True, True, True, True, True, True, True
+    ]  # fmt: skip
+    assert [holds(p) for p in (r"[^\s:]+@x", r"\w+", r"(?i:ab){2,}", r"[a-z0-9._%+-]*", r"\d+\b")] == [
+        False, False, False, False, False
+    ]  # fmt: skip
+    solid = pii._prefilter(pii.PII_TYPE_NAMES, True).solid
+    assert sorted(pii.PII_TYPES[k].name for k in solid) == ["email", "jwt", "url_credentials"]
