@@ -90,10 +90,18 @@ def sentence_bounds(text: str, start: int, end: int) -> tuple[int, int]:
     a = frm = max(para, 0)
     while frm and text[frm - 1].isspace():
         frm -= 1
-    for m in _AFTER_PUNCT.finditer(text, max(frm - 1, 0)):
-        if m.end() > start:
+    # The breaks are the same wherever the reading starts (each is its [.!?] and the whole run
+    # after it), so the last one to end by ``start`` is found reading back from it: the
+    # nearest [.!?] before it that starts a break ending there or before.
+    lo, hi = max(frm - 1, 0), start
+    while (
+        p := max(text.rfind(".", lo, hi), text.rfind("!", lo, hi), text.rfind("?", lo, hi))
+    ) >= 0:
+        m = _AFTER_PUNCT.match(text, p)
+        if m and m.end() <= start:
+            a = max(a, m.end())
             break
-        a = max(a, m.end())
+        hi = p
     a = max(a, para + 1)
     nxt = _AFTER_PUNCT.search(text, max(end - 1, 0))
     b = nxt.start(1) if nxt else len(text)
