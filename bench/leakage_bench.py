@@ -99,9 +99,9 @@ def _host_gauge(cfg, stores: dict[str, str], mb: float = 2.0) -> dict:
 
     ref = _reference_scanner()
     df = pd.read_json(cfg.crawl.shards[0], lines=True, dtype={"id": str})
-    sizes = df["text"].str.encode("utf-8").str.len().cumsum()
-    df = df[sizes <= mb * 1e6]
-    size = df["text"].str.encode("utf-8").str.len().sum() / 1e6
+    nbytes = df["text"].str.encode("utf-8").str.len()
+    first = nbytes.cumsum() <= mb * 1e6
+    df, size = df[first], nbytes[first].sum() / 1e6
     loaded = {c: ShingleStore.load(p) for c, p in stores.items()}
     scanner = LeakScanner(stores, cfg.scan.pii_types, cfg.scan.names, cfg.scan.instance_words)
     batches = [

@@ -247,14 +247,14 @@ class ShingleStore:
             # Only windows inside a run of ``span`` kept words can match: hash those runs'
             # words, and keep the windows whose words are consecutive in the text.
             edges = np.flatnonzero(np.diff(np.concatenate([[0], keep.astype(np.int8), [0]])))
-            first, stop = edges[::2], edges[1::2]
-            long = stop - first >= self.span
-            first, stop = first[long], stop[long]
-            if not len(first):
+            run_start, run_stop = edges[::2], edges[1::2]  # each run of kept words: [start, stop)
+            long = run_stop - run_start >= self.span
+            inside = np.zeros(len(keep) + 1, dtype=np.int64)
+            inside[run_start[long]] = 1  # runs are apart: no two share a start or a stop
+            inside[run_stop[long]] = -1
+            idx = np.flatnonzero(np.cumsum(inside[:-1]))  # the long runs' words, in order
+            if len(idx) < self.span:
                 return []
-            sizes = stop - first
-            at = np.repeat(first - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
-            idx = at + np.arange(len(at))  # the runs' words, in order
             queries = window_hashes(_normalised(text, starts[idx], ends[idx]), self.span)
             whole = idx[self.span - 1 :] - idx[: len(queries)] == self.span - 1
             queries, win = queries[whole], idx[: len(whole)][whole]
