@@ -175,6 +175,23 @@ def dataset_test(rounds: Sequence[Round], files: dict[str, int], alpha: float) -
     }
 
 
+def null_check(
+    unit_files: Sequence[str],
+    inputs: Any,
+    unseen: Sequence[str],
+    make_scorer: Callable[[], Any],
+    seeds: Sequence[int],
+    split_seed: int,
+    alpha: float,
+) -> dict:
+    """The dataset test (:func:`cross_fit` over ``seeds``, :func:`dataset_test`) with the
+    ``unseen`` files' random halves (:func:`halves` at ``split_seed``) as the two groups: no
+    difference can be found there, so it rejects at most ``alpha`` of the time when the test
+    is calibrated on these files."""
+    pseudo = {f: int(h == 0) for f, h in halves(dict.fromkeys(unseen, 0), split_seed).items()}
+    return dataset_test(cross_fit(unit_files, inputs, pseudo, make_scorer, seeds), pseudo, alpha)
+
+
 def file_scores(rounds: Sequence[Round]) -> dict[str, float]:
     """Each file's out-of-fold score averaged over the rounds."""
     return {f: float(np.mean([r.score[f] for r in rounds])) for f in rounds[0].score}

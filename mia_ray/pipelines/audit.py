@@ -230,7 +230,7 @@ def analyse(
         dataset_test,
         file_pvalues,
         file_scores,
-        halves,
+        null_check,
     )
     from mia_ray.stats.audit import benjamini_hochberg
 
@@ -290,9 +290,8 @@ def analyse(
     }
     if a.null_check:
         uns = sorted(f for f, v in group.items() if v == 0)
-        pseudo = {f: int(h == 0) for f, h in halves(dict.fromkeys(uns, 0), a.seed).items()}
-        log("null check: the same test on two halves of the unseen files")
-        null = dataset_test(cross_fit(units, X, pseudo, linear, seeds), pseudo, a.alpha)
+        log("null check: the same test on two random halves of the unseen files")
+        null = null_check(units, X, uns, linear, seeds, a.seed, a.alpha)
         report["null_check"] = {k: null[k] for k in ("p_value", "effect_size", "reject", "alpha")}
     if a.blind_check:
         log("blind check: the same test on the snippets' words alone (no model)")

@@ -10,6 +10,7 @@ from mia_ray.detectors.dataset_inference import (
     dataset_test,
     file_pvalues,
     halves,
+    null_check,
 )
 from mia_ray.errors import MiaError
 from mia_ray.stats.audit import benjamini_hochberg
@@ -149,3 +150,39 @@ def test_too_few_files_is_an_error_that_says_the_minimum():
         MiaError, match=r"suspected has 3 file\(s\): the dataset test needs at least 4"
     ):
         cross_fit(units, X, files, LinearFeatureScorer, seeds=[0])
+
+
+def test_null_check_is_the_dataset_test_on_seeded_halves_of_the_unseen_files():
+    rng = np.random.default_rng(3)
+    units, X, files = _world(rng, 6, 16, shift=2.0)  # suspected files play no part
+    unseen = sorted(f for f, v in files.items() if v == 0)
+    got = null_check(units, X, unseen, LinearFeatureScorer, [4, 5], 7, 0.05)
+    h = halves(dict.fromkeys(unseen, 0), 7)
+    pseudo = {f: int(h[f] == 0) for f in unseen}
+    assert sorted(pseudo.values()) == [0] * 8 + [1] * 8
+    want = dataset_test(cross_fit(units, X, pseudo, LinearFeatureScorer, [4, 5]), pseudo, 0.05)
+    # The same numbers (summed in another file order: equal to rounding).
+    assert got["p_value"] == pytest.approx(want["p_value"], rel=1e-9)
+    for a, b in zip(got["halves"], want["halves"], strict=True):
+        assert a == pytest.approx(b, rel=1e-9)
+    assert (got["n_suspected"], got["n_unseen"], got["reject"]) == (8, 8, want["reject"])
+    assert (
+        got["p_value"]
+        != null_check(units, X, unseen, LinearFeatureScorer, [4, 5], 8, 0.05)["p_value"]
+    )
+
+
+def test_null_check_rejects_at_most_at_its_level_on_one_world():
+    """The unseen files are one fixed world; only the split changes: it rejects at most at
+    its level (3 standard errors of slack)."""
+    units, X, files = _world(np.random.default_rng(9), 2, 40, snippets=2, d=3)
+    unseen = sorted(f for f, v in files.items() if v == 0)
+    n = 100
+    p = np.array(
+        [
+            null_check(units, X, unseen, LinearFeatureScorer, [k, k + 1], k, 0.05)["p_value"]
+            for k in range(n)
+        ]
+    )
+    for level in (0.05, 0.1, 0.2):
+        assert (p <= level).mean() <= level + 3 * np.sqrt(level * (1 - level) / n)

@@ -2,7 +2,7 @@
 
 Builds the demo world's tiny GPTs once (8-20 minutes on 2 cores) into $MIA_RAY_HOME, the
 same place `make demo` uses, so a machine that ran the demo reuses it. That build is why these
-run apart from the default suite: `make acceptance` (CI runs both), or
+run apart from the default suite: `make acceptance` (apart from CI's `.ci/run`), or
 `pytest -m acceptance`.
 """
 
@@ -77,20 +77,26 @@ def _audit(out, target):
     return json.loads((out / "report.json").read_text())
 
 
-def test_demo_audit_catches_tiny_with_its_member_books_flagged(tmp_path, ray_local):
+def test_demo_audit_catches_tiny_with_its_member_books_flagged(
+    tmp_path, ray_local, null_check_calibrated
+):
     """`make demo`'s first audit: the issue's acceptance numbers."""
     r = _audit(tmp_path / "audit-tiny", "tiny")
     assert r["data"]["n_suspected"] == 66 and r["data"]["n_unseen"] == 94
     assert r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] < 1e-3
-    assert not r["null_check"]["reject"] and not r["blind_check"]["reject"]
+    assert not r["blind_check"]["reject"]
+    null_check_calibrated(tmp_path / "audit-tiny", r)
     t = r["truth"]
     assert t["n_members"] == 50 and t["members_flagged"] >= 0.8 * 50
     assert t["fdp"] <= 0.1
     assert r["verdict"]["trained"]
 
 
-def test_demo_audit_clears_a_model_that_never_saw_the_books(tmp_path, ray_local):
+def test_demo_audit_clears_a_model_that_never_saw_the_books(
+    tmp_path, ray_local, null_check_calibrated
+):
     r = _audit(tmp_path / "audit-random", "tiny-random")
     assert not r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] > 0.05
-    assert not r["null_check"]["reject"] and not r["blind_check"]["reject"]
+    assert not r["blind_check"]["reject"]
+    null_check_calibrated(tmp_path / "audit-random", r)
     assert r["per_file"]["n_flagged"] == 0 and not r["verdict"]["trained"]
