@@ -383,9 +383,10 @@ def _verdict(r: dict) -> dict:
     if null and null["reject"]:
         text += (
             f". Caution: the null check rejects on two random halves of the unseen files (p = "
-            f"{_p(null['p_value'])}), where no difference can be: a 1-in-20 chance at its 5% "
-            "level, or files that are not independent (near-duplicates, one source split into "
-            "many files), which would make this run's p-values too small"
+            f"{_p(null['p_value'])}), where no difference can be: a 1-in-"
+            f"{round(1 / null['alpha'])} chance at its {null['alpha']:.0%} level, or files that "
+            "are not independent (near-duplicates, one source split into many files), which "
+            "would make this run's p-values too small"
         )
     return {"text": text + ".", "trained": trained}
 

@@ -36,3 +36,12 @@ def test_a_rejecting_null_check_is_read_as_chance_or_dependent_files():
         "chance at its 5% level, or files that are not independent (near-duplicates, one "
         "source split into many files), which would make this run's p-values too small."
     )
+
+
+def test_the_chance_of_a_null_check_rejection_follows_its_level():
+    r = _report(null_p=0.004)
+    r["null_check"]["alpha"] = 0.01
+    assert (
+        "(p = 0.004), where no difference can be: a 1-in-100 chance at its 1% level"
+        in (_verdict(r)["text"])
+    )
