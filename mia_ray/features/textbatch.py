@@ -84,17 +84,15 @@ class TextBatch:
         self.texts = list(texts)
         sizes = np.fromiter(map(len, self.texts), dtype=np.int64, count=len(self.texts))
         self.offsets = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]]).astype(np.int64)
-        pieces, non_ascii = [], []
-        for text, at in zip(self.texts, self.offsets.tolist(), strict=True):
-            if text.isascii():
-                pieces.append(text.encode("ascii"))
-                continue
-            codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-            pieces.append(view_table().take(codes).tobytes())
-            non_ascii.append(np.flatnonzero(codes >= 128) + at)
-        self.view = b"\n".join(pieces).translate(_ASCII_VIEW)
-        # Sorted view positions of the code points that are not ASCII.
-        self._non_ascii = np.concatenate(non_ascii) if non_ascii else np.zeros(0, dtype=np.int64)
+        joined = "\n".join(self.texts)
+        if joined.isascii():
+            self.view = joined.encode("ascii").translate(_ASCII_VIEW)
+            self._non_ascii = np.zeros(0, dtype=np.int64)
+        else:  # the whole batch in one pass: fewer numpy calls than text by text
+            codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+            self.view = view_table().take(codes).tobytes()
+            # Sorted view positions of the code points that are not ASCII.
+            self._non_ascii = np.flatnonzero(codes >= 128)
 
     def doc_of(self, positions: np.ndarray) -> np.ndarray:
         """Index of the text holding each view position."""
@@ -128,26 +126,34 @@ class TextBatch:
 
     @functools.cached_property
     def word_fingerprints(self) -> tuple[np.ndarray, np.ndarray]:
-        """(fingerprints, ascii): each word's :func:`fingerprints` of its lower-cased bytes,
-        which is its normalised form's whenever the word is ASCII (``ascii`` True)."""
-        starts, ends, _ = self.words
-        ascii_ = np.ones(len(starts), dtype=bool)
-        if len(na := self._non_ascii):  # the word each non-ASCII code point falls in, if any
-            word = np.searchsorted(starts, na, side="right") - 1
-            inside = (word >= 0) & (na < ends[np.maximum(word, 0)])
-            ascii_[word[inside]] = False
-        return fingerprints(self.view.lower(), starts, ends), ascii_
+        """:meth:`fingerprints_of` every word."""
+        return self.fingerprints_of(np.arange(len(self.words[0])))
 
-    def docs_with_runs(self, keep: np.ndarray, span: int) -> list[int]:
-        """Sorted indices of the texts holding ``span`` consecutive words with ``keep`` True."""
-        _, _, first = self.words
-        n = len(keep) - span + 1
-        if n <= 0:
-            return []
-        # Window [j, j + span) qualifies when it drops no word and no text starts inside it.
-        dropped = np.concatenate([[0], np.cumsum(~keep, dtype=np.int64)])
-        starts = np.zeros(len(keep) + 1, dtype=np.int64)
-        starts[first[1:-1]] = 1
-        starts = np.concatenate([[0], np.cumsum(starts)])
-        ok = (dropped[span:] == dropped[:n]) & (starts[span : n + span] == starts[1 : n + 1])
-        return np.unique(np.searchsorted(first, np.flatnonzero(ok), side="right") - 1).tolist()
+    def fingerprints_of(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(fingerprints, ascii) of the words ``idx`` (indices into :attr:`words`): each
+        word's :func:`fingerprints` of its lower-cased bytes, which is its normalised form's
+        whenever the word is ASCII (``ascii`` True)."""
+        starts, ends, _ = self.words
+        starts, ends = starts[idx], ends[idx]
+        na = self._non_ascii  # a word is ASCII when no non-ASCII code point falls inside it
+        ascii_ = np.searchsorted(na, starts) == np.searchsorted(na, ends)
+        return fingerprints(self._lower, starts, ends), ascii_
+
+    @functools.cached_property
+    def _lower(self) -> bytes:
+        return self.view.lower()
+
+    def doc_of_word(self, idx: np.ndarray) -> np.ndarray:
+        """Index of the text holding each word of ``idx`` (indices into :attr:`words`)."""
+        return np.searchsorted(self.words[2], idx, side="right") - 1
+
+
+def docs_with_runs(keep: np.ndarray, doc: np.ndarray, span: int) -> list[int]:
+    """Sorted texts holding ``span`` consecutive items with ``keep`` True, ``doc`` (sorted)
+    the text of each item: a run never crosses from one text into the next."""
+    n = len(keep) - span + 1
+    if n <= 0:
+        return []
+    dropped = np.concatenate([[0], np.cumsum(~keep, dtype=np.int64)])
+    ok = (dropped[span:] == dropped[:n]) & (doc[span - 1 :] == doc[:n])
+    return np.unique(doc[:n][ok]).tolist()

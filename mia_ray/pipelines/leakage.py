@@ -190,6 +190,10 @@ def _load_store(where: str):
     return ShingleStore.load(io.BytesIO(data))
 
 
+# json.dumps(rows, ensure_ascii=False), without building an encoder per document.
+_FINDINGS_JSON = json.JSONEncoder(ensure_ascii=False).encode
+
+
 class LeakScanner:
     """One scanner actor: loads the stores once (``stores``: category -> a path or a storage
     URL of its file), then per batch of documents returns one row per document (``doc_id``,
@@ -239,9 +243,9 @@ class LeakScanner:
                         text, r["start"], r["end"], r["category"], self.instance_words
                     )
                     r["instance_start"], r["instance"] = a, text[a:b]
-            found.append(json.dumps(rows, ensure_ascii=False) if rows else "[]")
+            found.append(_FINDINGS_JSON(rows) if rows else "[]")
         chars = [len(t) for t in texts]
-        size = [len(t.encode()) for t in texts]
+        size = [len(t) if t.isascii() else len(t.encode()) for t in texts]
         # Words as the stores count them: a text shorter than a span never matches.
         words = laid.word_counts()
         if arrow:

@@ -123,3 +123,29 @@ def test_match_many_hashes_only_runs_of_known_words_and_never_joins_two_runs():
     assert got[1] == store.match(copied)
     assert [(m.word_start, m.word_end, m.ref_word) for m in got[1]] == [(2, 14, 20)]
     assert got[2] == store.match(REF) and [(m.word_start, m.word_end) for m in got[2]] == [(0, 40)]
+
+
+def test_match_many_finds_a_run_of_exactly_span_words_wherever_it_starts(monkeypatch):
+    from mia_ray.features import shingles
+    from mia_ray.features.textbatch import TextBatch
+
+    span = 20
+    store = ShingleStore.build([("ref", REF)], span=span)
+    # A copy of exactly `span` words after 0..8 unknown words (each offset against the
+    # batch's every-8th-word lookup), and texts of known words with no run of `span`.
+    copies = [" ".join(["zzz"] * k + WORDS[5 : 5 + span] + ["zzz"]) for k in range(9)]
+    near = [" ".join(WORDS[: span - 1] + ["zzz"] + WORDS[span : 2 * span - 1])]
+    batch = TextBatch([near[0], *copies, near[0]])
+    hashed = []
+    plain = ShingleStore._match
+    monkeypatch.setattr(
+        shingles.ShingleStore,
+        "_match",
+        lambda self, text, *a: hashed.append(text) or plain(self, text, *a),
+    )
+    got = store.match_many(batch)
+    assert got[0] == got[-1] == []
+    for k, m in enumerate(got[1:-1]):
+        assert [(x.word_start, x.word_end, x.ref_word) for x in m] == [(k, k + span, 5)]
+    # Only the copies are hashed: `near` has 38 known words but no 20 in a row.
+    assert hashed == copies
