@@ -886,12 +886,9 @@ def _without_lookarounds(pattern: str) -> str:
     return "".join(out)
 
 
-def _core(pattern: str) -> str:
-    """A prefix of ``pattern`` (lookaround-free) that every match of it starts with: trailing
-    optional parts dropped and the last repeat at its least, into the last group's branches,
-    so that Hyperscan, which reports every end a pattern can match at, reports about one end
-    where the text holds one."""
-    branches: list[list[list[str]]] = [[]]  # per top-level branch: [atom, quantifier] elements
+def _elements(pattern: str) -> list[list[list[str]]]:
+    """Per top-level branch of ``pattern``: its elements, each [atom, quantifier]."""
+    branches: list[list[list[str]]] = [[]]
     i = 0
     while i < len(pattern):
         c = pattern[i]
@@ -931,8 +928,16 @@ def _core(pattern: str) -> str:
         k = j + (q.end() if q else 0)
         branches[-1].append([pattern[i:j], pattern[j:k]])
         i = k
+    return branches
+
+
+def _core(pattern: str) -> str:
+    """A prefix of ``pattern`` (lookaround-free) that every match of it starts with: trailing
+    optional parts dropped and the last repeat at its least, into the last group's branches,
+    so that Hyperscan, which reports every end a pattern can match at, reports about one end
+    where the text holds one."""
     out = []
-    for parts in branches:
+    for parts in _elements(pattern):
         while len(parts) > 1 and re.match(r"[?*]|\{0*(?:,|\})|\{,", parts[-1][1]):
             parts.pop()  # may be absent: the prefix before it is a match's prefix
         if not parts:
@@ -954,6 +959,19 @@ def _core(pattern: str) -> str:
             parts[-1][1] = f"{{{n}}}" if n > 1 else ""
         out.append("".join(a + b for a, b in parts))
     return "|".join(out)
+
+
+def _from_literal(core: str) -> str:
+    """``core`` from its first literal character on (the first element when none, or when
+    ``core`` has top-level branches): for a core that holds no whitespace, whose match
+    starts after the last whitespace before its end whatever precedes the literal, a cheaper
+    locator of the same ends (an ``@`` in place of every run of characters that may start
+    an email address)."""
+    (parts, *more) = _elements(core)
+    for j, (atom, q) in enumerate(parts):
+        if not more and not q and (len(atom) == 1 and atom not in "^$.|?*+()[]{}\\"):
+            return "".join(a + b for a, b in parts[j:])
+    return core
 
 
 _UNBOUNDED = 1 << 32
@@ -1103,6 +1121,10 @@ class _Prefilter:
                     _sre_parse.parse(core, t.pattern.flags)
                 ):
                     self.solid.add(k)
+                    # Its start comes from the whitespace before an end, not from the
+                    # core's length: any suffix of the core locates the same ends.
+                    core = _from_literal(core)
+                    self.geometry[k] = _geometry(t.pattern, core)
                 hyperscan.Database().compile(expressions=[core.encode()], ids=[k], elements=1)
             except (hyperscan.error, re.error):
                 self.always.add(k)

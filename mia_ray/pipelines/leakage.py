@@ -190,8 +190,9 @@ def _load_store(where: str):
     return ShingleStore.load(io.BytesIO(data))
 
 
-# json.dumps(rows, ensure_ascii=False), without building an encoder per document.
-_FINDINGS_JSON = json.JSONEncoder(ensure_ascii=False).encode
+# A string as json.dumps(..., ensure_ascii=False) writes it: the findings column is that
+# JSON, a list of objects, written here directly (a third of the time of dicts and dumps).
+_js = json.encoder.encode_basestring
 
 
 class LeakScanner:
@@ -224,26 +225,29 @@ class LeakScanner:
         pii = scan_pii_many(texts, self.pii_types, names=self.names, batch=laid)
         spans = {category: store.match_many(laid) for category, store in self.stores.items()}
         found = []
+        words = self.instance_words
         for i, text in enumerate(texts):
-            rows = [
-                {"category": "pii", "type": m.type, "start": m.start, "end": m.end,
-                 "value": m.value, "ref": ""}
-                for m in pii[i]
-            ]  # fmt: skip
+            rows = []
+            for m in pii[i]:
+                row = (
+                    f'{{"category": "pii", "type": {_js(m.type)}, "start": {m.start}, '
+                    f'"end": {m.end}, "value": {_js(m.value)}, "ref": ""'
+                )
+                if m.type != "person_name":  # the instance the output and detection rates probe
+                    a, b = instance_span(text, m.start, m.end, "pii", words)
+                    row += f', "instance_start": {a}, "instance": {_js(text[a:b])}'
+                rows.append(row + "}")
             for category, store in self.stores.items():
+                c = _js(category)
                 for m in spans[category][i]:
+                    a, b = instance_span(text, m.char_start, m.char_end, category, words)
                     rows.append(
-                        {"category": category, "type": category, "start": m.char_start,
-                         "end": m.char_end, "value": text[m.char_start : m.char_end],
-                         "ref": store.ref_ids[m.ref]}
-                    )  # fmt: skip
-            for r in rows:  # the instance the output and detection rates probe
-                if r["type"] != "person_name":
-                    a, b = instance_span(
-                        text, r["start"], r["end"], r["category"], self.instance_words
+                        f'{{"category": {c}, "type": {c}, "start": {m.char_start}, '
+                        f'"end": {m.char_end}, "value": {_js(text[m.char_start : m.char_end])}, '
+                        f'"ref": {_js(store.ref_ids[m.ref])}, "instance_start": {a}, '
+                        f'"instance": {_js(text[a:b])}}}'
                     )
-                    r["instance_start"], r["instance"] = a, text[a:b]
-            found.append(_FINDINGS_JSON(rows) if rows else "[]")
+            found.append(f"[{', '.join(rows)}]")
         chars = [len(t) for t in texts]
         size = [len(t) if t.isascii() else len(t.encode()) for t in texts]
         # Words as the stores count them: a text shorter than a span never matches.

@@ -236,14 +236,18 @@ def test_prefilter_patterns_accept_every_match_and_cores_are_prefixes(world):
                 assert re.fullmatch(stripped, m.group(), t.pattern.flags), (t.name, m.group())
                 c = re.match(core, m.group(), t.pattern.flags)
                 assert c, (t.name, m.group())
-                if t.name in ("email", "street_address", "url_credentials", "jwt"):
-                    continue  # unbounded cores: no geometry to check
-                cmin, cmax, reads = pii._geometry(t.pattern, core)
-                assert cmin <= c.end() <= cmax and len(m.group()) <= reads
                 if t.name in ("email", "url_credentials", "jwt"):
                     # The prefilter starts their search after the last whitespace before a
-                    # core's end: their core matches hold none.
+                    # core's end: their core matches hold none, and it locates that end with
+                    # the core from its first literal on, which matches there too.
                     assert not re.search(r"\s", c.group()), (t.name, c.group())
+                    tail = pii._from_literal(core)
+                    assert re.fullmatch(f"(?s:.*)(?:{tail})", c.group(), t.pattern.flags)
+                    continue
+                if t.name == "street_address":
+                    continue  # an unbounded core: no geometry to check
+                cmin, cmax, reads = pii._geometry(t.pattern, core)
+                assert cmin <= c.end() <= cmax and len(m.group()) <= reads
 
 
 def test_whitespace_analysis_of_cores():
@@ -258,3 +262,13 @@ def test_whitespace_analysis_of_cores():
     ]  # fmt: skip
     solid = pii._prefilter(pii.PII_TYPE_NAMES, True).solid
     assert sorted(pii.PII_TYPES[k].name for k in solid) == ["email", "jwt", "url_credentials"]
+
+
+def test_a_solid_core_is_located_from_its_first_literal():
+    core = pii._core(pii._without_lookarounds(pii._BY_NAME["email"].pattern.pattern))
+    assert core.startswith("[A-Za-z0-9][A-Za-z0-9._%+-]*@")
+    assert pii._from_literal(core) == core[core.index("@") :]
+    assert pii._from_literal(r"ab[0-9]+") == r"ab[0-9]+"  # a literal first: the whole core
+    assert pii._from_literal(r"[a-z]+\.x") == "x"  # an escape is not read as a literal
+    assert pii._from_literal(r"[a-z]+x|y") == r"[a-z]+x|y"  # top-level branches: whole
+    assert pii._from_literal(r"[a-z]+") == r"[a-z]+"  # no literal: whole
