@@ -726,6 +726,11 @@ _KINDS: dict[tuple[frozenset[str], frozenset[str]], dict[str, int]] = {}
 _KINDS_SIZE = 1 << 17  # tokens; cleared past this
 
 
+# A name token after 1-2 spaces (no line break; after a '.' for an honorific), as group 1.
+_GAP_TOKEN = re.compile(rf"[^\S\n]{{1,2}}({_NAME_TOKEN.pattern})")
+_DOT_GAP_TOKEN = re.compile(rf"\.?[^\S\n]{{1,2}}({_NAME_TOKEN.pattern})")
+
+
 def _names_at(
     text: str, candidates: Iterable[int], first: frozenset[str], last: frozenset[str]
 ) -> list[PiiMatch]:
@@ -752,26 +757,20 @@ def _names_at(
         return k
 
     def after(end: int, dot: bool = False) -> re.Match[str] | None:
-        """The token after the one ending at ``end`` if 1-2 spaces (after a '.' when ``dot``)
-        separate them: the first token at or after ``end``, read where it can start."""
-        if not (text[end : end + 1].isspace() or dot and text[end : end + 1] == "."):
-            return None  # the first character of a gap that qualifies
-        for pos in range(end + 1, end + 3 + dot):
-            m = _NAME_TOKEN.match(text, pos)
-            if m:
-                gap = text[end:pos]
-                return m if _space(gap.removeprefix(".") if dot else gap) else None
-        return None
+        """The token after the one ending at ``end`` (its group 1) if 1-2 spaces (after a '.'
+        when ``dot``) separate them."""
+        return (_DOT_GAP_TOKEN if dot else _GAP_TOKEN).match(text, end)
 
-    def full_name(tok: re.Match[str]) -> re.Match[str] | None:
-        if not kind(tok[0]) & 1:
+    def full_name(word: str, end: int) -> re.Match[str] | None:
+        """The last token of a name whose first, ``word``, ends at ``end``, or None."""
+        if not kind(word) & 1:
             return None
-        if (mid := after(tok.end())) is not None:
-            if (mid[0][-1] == "." or kind(mid[0]) & 1) and (
-                (sur := after(mid.end())) is not None and kind(sur[0]) & 2
+        if (mid := after(end)) is not None:
+            if (mid[1][-1] == "." or kind(mid[1]) & 1) and (
+                (sur := after(mid.end())) is not None and kind(sur[1]) & 2
             ):
                 return sur
-            if kind(mid[0]) & 2:
+            if kind(mid[1]) & 2:
                 return mid
         return None
 
@@ -791,18 +790,18 @@ def _names_at(
             continue
         j = None
         if tok[0] in HONORIFICS and (nxt := after(tok.end(), dot=True)) is not None:
-            j = full_name(nxt)
-            if j is None and kind(nxt[0]) & 2:
+            j = full_name(nxt[1], nxt.end())
+            if j is None and kind(nxt[1]) & 2:
                 j = nxt
             elif (  # "Dr. J. Smith"
                 j is None
-                and nxt[0][-1] == "."
+                and nxt[1][-1] == "."
                 and (sur := after(nxt.end())) is not None
-                and kind(sur[0]) & 2
+                and kind(sur[1]) & 2
             ):
                 j = sur
         if j is None:
-            j = full_name(tok)
+            j = full_name(tok[0], tok.end())
         if j is not None:
             out.append(PiiMatch(PERSON_NAME, c, j.end(), text[c : j.end()]))
             done = j.end()
@@ -1297,7 +1296,7 @@ def scan_pii_many(
                 found.extend(find_person_names(text))
             elif name_starts:
                 found.extend(_names_at(text, name_starts, first, last))
-        out.append(_resolve(found) if found else [])
+        out.append(_resolve(found) if len(found) > 1 else found)
     return out
 
 

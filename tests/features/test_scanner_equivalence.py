@@ -272,3 +272,20 @@ def test_a_solid_core_is_located_from_its_first_literal():
     assert pii._from_literal(r"[a-z]+\.x") == "x"  # an escape is not read as a literal
     assert pii._from_literal(r"[a-z]+x|y") == r"[a-z]+x|y"  # top-level branches: whole
     assert pii._from_literal(r"[a-z]+") == r"[a-z]+"  # no literal: whole
+
+
+def test_names_read_at_candidates_equal_the_whole_text_reading_for_every_gap():
+    gaps = [" ", "  ", "   ", "\u00a0", " \u00a0", "\t", "\x0b", "\u2028", "\n", " \n", ".", ". ",
+            ".  ", ".   ", " .", "", "-"]  # fmt: skip
+    texts = [
+        f"{a}{g}{b}{h}{c}"
+        for a in ("Mary", "Dr", "Mr.", "J.")
+        for b in ("Johnson", "J.", "Mary", "Ann")
+        for c in ("Smith", "x", "")
+        for g in gaps
+        for h in gaps
+    ]
+    got = pii.scan_pii_many(texts, types=[], names=True)
+    assert sum(map(len, got)) > 500  # names are found, at many gaps
+    for text, found in zip(texts, got, strict=True):
+        assert found == pii.find_person_names(text), repr(text)
