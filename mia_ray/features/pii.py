@@ -1055,32 +1055,34 @@ def _geometry(pattern: re.Pattern[str], core: str) -> tuple[int, int, int]:
 
 
 def _find_near(
-    t: PiiType, text: str, spans: list[tuple[int, int]], reads: int
-) -> Iterable[PiiMatch]:
+    t: PiiType, text: str, spans: list[tuple[int, int]], reads: int, out: list[PiiMatch]
+) -> None:
     """:func:`_find` for a type without context words, given ranges [lo, hi] (sorted by lo)
-    outside which no match of its pattern starts (from its prefilter's reports). Each search
-    starts where the next match can start and, when an attempt reads at most ``reads``
-    characters, is cut where the last attempt the range allows can reach."""
+    outside which no match of its pattern starts (from its prefilter's reports), appended to
+    ``out``. Each search starts where the next match can start and, when an attempt reads at
+    most ``reads`` characters, is cut where the last attempt the range allows can reach."""
     pos = 0
-    seen: set[int] = set()
+    last = -1  # the last match's start: a match is found once, however many ranges hold it
+    search, validator, size = t.pattern.search, t.validator, len(text)
     for lo, hi in spans:
         if hi < pos:
             continue
-        endpos = len(text) if reads >= _UNBOUNDED else min(len(text), hi + reads + 1)
-        pos = max(pos, lo)
+        endpos = size if reads >= _UNBOUNDED else min(size, hi + reads + 1)
+        if pos < lo:
+            pos = lo
         while pos <= hi:
-            m = t.pattern.search(text, pos, endpos)
+            m = search(text, pos, endpos)
             if m is None or m.start() > hi:
                 pos = hi + 1  # none starts up to hi: the next range is read from past it
                 break
             start, value = m.start(), m.group()
-            if t.validator is not None and not t.validator(value):
+            if validator is not None and not validator(value):
                 pos = start + 1
                 continue
             pos = m.end()
-            if start not in seen:
-                seen.add(start)
-                yield PiiMatch(t.name, start, m.end(), value)
+            if start > last:
+                last = start
+                out.append(PiiMatch(t.name, start, pos, value))
 
 
 class _Prefilter:
@@ -1286,7 +1288,7 @@ def scan_pii_many(
             t = chosen[k]
             if spans is not None:
                 if not t.hints or any(h in text for h in t.hints):  # as _find
-                    found.extend(_find_near(t, text, spans, pre.geometry[k][2]))
+                    _find_near(t, text, spans, pre.geometry[k][2], found)
                 continue
             if t.context and lower is None:
                 lower = text.lower()

@@ -90,9 +90,11 @@ class TextBatch:
             self._non_ascii = np.zeros(0, dtype=np.int64)
         else:  # the whole batch in one pass: fewer numpy calls than text by text
             codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-            self.view = view_table().take(codes).tobytes()
             # Sorted view positions of the code points that are not ASCII.
             self._non_ascii = np.flatnonzero(codes >= 128)
+            view = codes.astype(np.uint8)  # ASCII as itself; the few others from the table
+            view[self._non_ascii] = view_table()[codes[self._non_ascii]]
+            self.view = view.tobytes().translate(_ASCII_VIEW)
 
     def doc_of(self, positions: np.ndarray) -> np.ndarray:
         """Index of the text holding each view position."""

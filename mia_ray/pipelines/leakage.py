@@ -223,7 +223,10 @@ class LeakScanner:
         # prefilter and the word counts.
         laid = TextBatch(texts)
         pii = scan_pii_many(texts, self.pii_types, names=self.names, batch=laid)
-        spans = {category: store.match_many(laid) for category, store in self.stores.items()}
+        spans = [
+            (category, _js(category), store.ref_ids, store.match_many(laid))
+            for category, store in self.stores.items()
+        ]
         found = []
         words = self.instance_words
         for i, text in enumerate(texts):
@@ -237,17 +240,16 @@ class LeakScanner:
                     a, b = instance_span(text, m.start, m.end, "pii", words)
                     row += f', "instance_start": {a}, "instance": {_js(text[a:b])}'
                 rows.append(row + "}")
-            for category, store in self.stores.items():
-                c = _js(category)
-                for m in spans[category][i]:
+            for category, c, ref_ids, per_text in spans:
+                for m in per_text[i]:
                     a, b = instance_span(text, m.char_start, m.char_end, category, words)
                     rows.append(
                         f'{{"category": {c}, "type": {c}, "start": {m.char_start}, '
                         f'"end": {m.char_end}, "value": {_js(text[m.char_start : m.char_end])}, '
-                        f'"ref": {_js(store.ref_ids[m.ref])}, "instance_start": {a}, '
+                        f'"ref": {_js(ref_ids[m.ref])}, "instance_start": {a}, '
                         f'"instance": {_js(text[a:b])}}}'
                     )
-            found.append(f"[{', '.join(rows)}]")
+            found.append(f"[{', '.join(rows)}]" if rows else "[]")
         chars = [len(t) for t in texts]
         size = [len(t) if t.isascii() else len(t.encode()) for t in texts]
         # Words as the stores count them: a text shorter than a span never matches.
