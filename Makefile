@@ -75,5 +75,6 @@ bench: setup
 	$(VENV)/bin/python bench/lumia_bench.py --target tiny --scale test --n-samples 96 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/memhunter_bench.py --target smollm2 --pairs 12 --trials 5 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/leakage_bench.py --scale demo --out BENCHMARKS.md
+	$(VENV)/bin/python bench/leakage_bench.py --scanner-core 20 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/leakage_bench.py --crawl 200 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/cluster_bench.py --scale test --out BENCHMARKS.md

@@ -90,7 +90,7 @@ def _host_gauge(cfg, stores: dict[str, str], mb: float = 2.0) -> dict:
     """This host's speed for scanning code that does not change: the frozen reference scanner
     (and, beside it, ``LeakScanner`` 64 pages a call, as the scanner-core section runs them)
     on the crawl's first ``mb`` MB, best of 2 interleaved rounds. Its MB/s set beside the
-    scanner-core section's (the same kind of pages on another day) say how fast this host
+    scanner-core section's (the same kind of pages, in its own run) say how fast this host
     runs Python today, for the absolute rates in this section."""
     import pandas as pd
 
@@ -446,7 +446,7 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
             f"scanned **{gauge['reference_mbs']:.2f} MB/s**, and `LeakScanner` 64 pages a call "
             f"{gauge['scanner_mbs']:.1f} MB/s (best of 2 interleaved rounds). The section "
             '"Leakage scanner: MB/s on one core" ran both on the same kind of pages (its '
-            "first row) on another day: the ratio of the two reference rates is how much "
+            "first row) in its own run: the ratio of the two reference rates is how much "
             "slower or faster this host ran, and the MB/s above scale with it.",
         ]
     )
