@@ -961,14 +961,15 @@ def _core(pattern: str) -> str:
 
 
 def _from_literal(core: str) -> str:
-    """``core`` from its first literal character on (the first element when none, or when
-    ``core`` has top-level branches): for a core that holds no whitespace, whose match
-    starts after the last whitespace before its end whatever precedes the literal, a cheaper
-    locator of the same ends (an ``@`` in place of every run of characters that may start
-    an email address)."""
-    (parts, *more) = _elements(core)
+    """``core`` from its first literal character on (the whole core when it has none, or has
+    top-level branches): for a core that holds no whitespace, whose match starts after the
+    last whitespace before its end whatever precedes the literal, a cheaper locator of the
+    same ends (an ``@`` in place of every run of characters that may start an email address)."""
+    parts, *more = _elements(core)
+    if more:
+        return core
     for j, (atom, q) in enumerate(parts):
-        if not more and not q and (len(atom) == 1 and atom not in "^$.|?*+()[]{}\\"):
+        if not q and len(atom) == 1 and atom not in "^$.|?*+()[]{}\\":
             return "".join(a + b for a, b in parts[j:])
     return core
 
@@ -1061,8 +1062,8 @@ def _find_near(
     outside which no match of its pattern starts (from its prefilter's reports), appended to
     ``out``. Each search starts where the next match can start and, when an attempt reads at
     most ``reads`` characters, is cut where the last attempt the range allows can reach."""
+    # pos only grows and every match ends past its start, so no match is found twice.
     pos = 0
-    last = -1  # the last match's start: a match is found once, however many ranges hold it
     search, validator, size = t.pattern.search, t.validator, len(text)
     for lo, hi in spans:
         if hi < pos:
@@ -1080,9 +1081,7 @@ def _find_near(
                 pos = start + 1
                 continue
             pos = m.end()
-            if start > last:
-                last = start
-                out.append(PiiMatch(t.name, start, pos, value))
+            out.append(PiiMatch(t.name, start, pos, value))
 
 
 class _Prefilter:

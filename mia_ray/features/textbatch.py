@@ -126,11 +126,6 @@ class TextBatch:
         """(n,) int64: words per text, ``len(words_with_offsets(text)[0])``."""
         return np.diff(self.words[2]).astype(np.int64)
 
-    @functools.cached_property
-    def word_fingerprints(self) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`fingerprints_of` every word."""
-        return self.fingerprints_of(np.arange(len(self.words[0])))
-
     def fingerprints_of(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(fingerprints, ascii) of the words ``idx`` (indices into :attr:`words`): each
         word's :func:`fingerprints` of its lower-cased bytes, which is its normalised form's
