@@ -33,6 +33,9 @@ class DataConfig:
     id_field: str = "id"
     label_field: str = "label"  # optional column: 1 = member, 0 = non-member
     date_field: str = "date"  # optional column, carried through
+    # optional: records of one source (a book's chapters) share this field's value; text
+    # folders: "folder" (a file's parent folder)
+    group_field: str = ""
     image_field: str = "image"  # vision-language models: image path (relative to a jsonl's folder)
     labels: str = ""  # optional membership manifest (JSON doc_id -> 0/1), overrides label_field
     # documents the manifest lacks: error | skip (leave them out); manifest entries the data
@@ -913,18 +916,25 @@ class AuditConfig:
 
     suspected: str = ""  # folder, .jsonl or .parquet (any format data.format reads)
     unseen: str = ""
-    fdr: float = 0.05  # per-file verdicts: Benjamini-Hochberg at this false-discovery rate
+    fdr: float = 0.05  # per-file verdicts: false-discovery rate of the step-up rule
+    # bh: Benjamini-Hochberg; by: Benjamini-Yekutieli (valid under any dependence, stricter)
+    fdr_method: str = "bh"
     alpha: float = 0.05  # the dataset-level test's level (and the null and blind checks')
     rounds: int = 5  # cross-fitting repeats (seeds seed .. seed + rounds - 1)
     seed: int = 0
-    # cross: cross-conformal, every unseen file calibrates; split: exact, half of them do
-    calibration: str = "cross"
+    # random permutations of the sources' sides for each test: p >= 1 / (permutations + 1)
+    permutations: int = 1999
+    # full-size snippets scored per file, drawn (seeded) from each file's; files with fewer
+    # are left out and listed. 0: the fewest any file has (at most data.max_snippets_per_doc)
+    snippets_per_file: int = 0
+    # group files that share long word spans (8-grams; data/neardup.py) as one source
+    near_duplicates: bool = True
     # features for the linear model (reference-free attacks; "ref" joins with model.reference)
     attacks: list[str] = field(
         default_factory=lambda: ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase"]
     )
     min_k_ratios: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.3, 0.5])
-    C: float = 1.0  # inverse L2 strength of the logistic regression on standardized features
+    C: float = 1.0  # inverse ridge strength of the discriminant on standardized file features
     blind_check: bool = True
     null_check: bool = True
     # more evidence, each by its own pipeline into --out/<name>: copycheck | memhunter | leakage
@@ -938,8 +948,13 @@ class AuditConfig:
             v = getattr(self, key)
             if not 0 < v < 1:
                 raise MiaError(f"audit.{key} must lie in (0, 1), e.g. 0.05, not {v}")
-        _check_at_least_1({"audit.rounds": self.rounds})
-        _check_choice("audit.calibration", self.calibration, ("cross", "split"))
+        _check_at_least_1({"audit.rounds": self.rounds, "audit.permutations": self.permutations})
+        _check_choice("audit.fdr_method", self.fdr_method, ("bh", "by"))
+        if self.snippets_per_file < 0:
+            raise MiaError(
+                f"audit.snippets_per_file must be 0 (the fewest any file has) or more, not "
+                f"{self.snippets_per_file}"
+            )
         if self.C <= 0:
             raise MiaError(f"audit.C must be > 0, not {self.C}")
         _check_attacks("audit", self.attacks, self.min_k_ratios)

@@ -1,7 +1,8 @@
 """Read documents into a Ray Dataset: a directory of text files, JSON Lines, or Parquet.
 
 Every reader yields the columns ``doc_id`` (str) and ``text`` (str), plus ``label`` (int,
-1 = member, 0 = non-member) and ``date`` (str) when the source has them.
+1 = member, 0 = non-member) and ``date`` (str) when the source has them, and ``group`` (str)
+when the caller names a ``group_field``.
 
 Cheap checks (path exists, directory not empty, empty files, the fields of each file) run
 on the driver before any task starts. Per-document problems (binary, not UTF-8, empty, bad
@@ -49,6 +50,8 @@ class _Fields:
     has_id: bool
     has_label: bool
     has_date: bool
+    group: str = ""  # "" = no group column
+    has_group: bool = False
 
 
 # ---------------------------------------------------------------- public API
@@ -62,6 +65,7 @@ def read_documents(
     label_field: str = "label",
     date_field: str = "date",
     note: Callable[[str], None] | None = None,
+    group_field: str = "",
 ):
     """Read documents into a ``ray.data.Dataset`` with ``doc_id``, ``text`` [, ``label``, ``date``].
 
@@ -76,9 +80,15 @@ def read_documents(
       caller named otherwise is an error (a typo must not turn into hashed ids).
     - auto: by suffix for a file; for a directory, jsonl or parquet when every file has that
       suffix, text when none has.
+    - ``group_field`` (optional) adds a ``group`` column (str) that keeps the documents of
+      one source together (a book's chapters): for jsonl / parquet the field's value
+      (``str()``), which the first record / schema must have and every record must fill; for
+      text only ``"folder"``, the file's parent folder relative to the directory (posix; a
+      file at the top is its own group).
 
     Raises ``MiaError`` for a missing path, an empty directory, an empty, binary or
-    non-UTF-8 document, a missing text field, duplicate doc_ids and labels not in {0, 1}.
+    non-UTF-8 document, a missing text or group field, duplicate doc_ids and labels not in
+    {0, 1}.
     """
     import ray
 
@@ -95,18 +105,30 @@ def read_documents(
     # run on the driver's node, and the rows reach every node through the object store.
     pinned = {"ray_remote_args": node_affinity()} if node_affinity() else {}
     if fmt == "text":
+        if group_field not in ("", "folder"):
+            raise MiaError(
+                f"data.group_field {group_field!r}: a folder of text files has no fields; use "
+                '"folder" to group files by their parent folder'
+            )
         empty = [rel for rel, size in files if size == 0]
         if empty:
             raise MiaError(f"document {empty[0]} is empty" + _more(len(empty), "empty documents"))
         ds = ray.data.read_binary_files(paths, include_paths=True, **pinned)
-        ds = ds.map_batches(_decode_text_files, fn_kwargs={"base": str(base)}, batch_format="numpy")
+        ds = ds.map_batches(
+            _decode_text_files,
+            fn_kwargs={"base": str(base), "group": bool(group_field)},
+            batch_format="numpy",
+        )
         return _validated(ds, str(path), no_id=False)
+    names = (text_field, id_field, label_field, date_field, group_field)
     if fmt == "jsonl":
-        fields = _jsonl_fields(base, rels, text_field, id_field, label_field, date_field)
+        fields = _jsonl_fields(base, rels, *names)
     else:
-        fields = _parquet_fields(base, rels, text_field, id_field, label_field, date_field)
+        fields = _parquet_fields(base, rels, *names)
+    first = f"the first record of {rels[0]}" if fmt == "jsonl" else f"the columns of {rels[0]}"
+    if group_field and not fields.has_group:
+        raise MiaError(f"group field {group_field!r} (data.group_field) is not in {first}")
     if not fields.has_id:
-        first = f"the first record of {rels[0]}" if fmt == "jsonl" else f"the columns of {rels[0]}"
         if id_field != DEFAULT_ID_FIELD:
             raise MiaError(
                 f"id field {id_field!r} (data.id_field) is not in {first}: name the "
@@ -126,8 +148,10 @@ def read_documents(
             (fields.id, fields.has_id),
             (fields.label, fields.has_label),
             (fields.date, fields.has_date),
+            (fields.group, fields.has_group),
         ]
-        columns = [fields.text] + [name for name, has in optional if has]
+        # dict.fromkeys: a group field may also serve as another field (the id, say).
+        columns = list(dict.fromkeys([fields.text] + [name for name, has in optional if has]))
         if pinned:
             # Ray Data's read_parquet reads the files' footers in actors of its own, which
             # ray_remote_args does not place: read them in the pinned read tasks instead.
@@ -293,7 +317,7 @@ def _with_suffix(files: list[tuple[str, int]], suffix: str) -> list[tuple[str, i
 
 
 def _jsonl_fields(
-    base: Path, rels: list[str], text: str, id_: str, label: str, date_: str
+    base: Path, rels: list[str], text: str, id_: str, label: str, date_: str, group: str = ""
 ) -> _Fields:
     """Check the first record of every file; optional fields count when the first record has them."""
     first_keys: list[str] | None = None
@@ -313,13 +337,14 @@ def _jsonl_fields(
         raise MiaError(
             f"no documents in {base / rels[0] if len(rels) == 1 else base}: the .jsonl files are empty"
         )
+    has = [f in first_keys for f in (id_, label, date_)]
     return _Fields(
-        text, id_, label, date_, id_ in first_keys, label in first_keys, date_ in first_keys
+        text, id_, label, date_, *has, group, has_group=bool(group) and group in first_keys
     )
 
 
 def _parquet_fields(
-    base: Path, rels: list[str], text: str, id_: str, label: str, date_: str
+    base: Path, rels: list[str], text: str, id_: str, label: str, date_: str, group: str = ""
 ) -> _Fields:
     import pyarrow.parquet as pq
 
@@ -336,10 +361,12 @@ def _parquet_fields(
             (id_, id_ in first),
             (label, label in first),
             (date_, date_ in first),
+            (group, bool(group) and group in first),
         ):
             if needed and field not in names:
                 raise MiaError(_missing_field(field, rel, names))
-    return _Fields(text, id_, label, date_, id_ in first, label in first, date_ in first)
+    has = [f in first for f in (id_, label, date_)]
+    return _Fields(text, id_, label, date_, *has, group, has_group=bool(group) and group in first)
 
 
 def _missing_field(field: str, where: str, columns) -> str:
@@ -412,22 +439,24 @@ def _first_line(x: Any) -> str:
 class _Rows:
     """Collects normalized rows (or their problems) and builds one Arrow block."""
 
-    def __init__(self, has_label: bool, has_date: bool):
-        self.has_label, self.has_date = has_label, has_date
+    def __init__(self, has_label: bool, has_date: bool, has_group: bool = False):
+        self.has_label, self.has_date, self.has_group = has_label, has_date, has_group
         self.ids: list[str] = []
         self.texts: list[str] = []
         self.labels: list[int | None] = []
         self.dates: list[str | None] = []
+        self.groups: list[str | None] = []
         self.errors: list[str | None] = []
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def add(self, doc_id: str, text: str, label=None, date_=None, error=None) -> None:
+    def add(self, doc_id: str, text: str, label=None, date_=None, group=None, error=None) -> None:
         self.ids.append(doc_id)
         self.texts.append(text)
         self.labels.append(label)
         self.dates.append(date_)
+        self.groups.append(group)
         self.errors.append(error)
 
     def fail(self, message: str) -> None:
@@ -444,12 +473,14 @@ class _Rows:
             cols["label"] = pa.array(self.labels, pa.int64())
         if self.has_date:
             cols["date"] = pa.array(self.dates, pa.string())
+        if self.has_group:
+            cols["group"] = pa.array(self.groups, pa.string())
         cols[ERROR_COL] = pa.array(self.errors, pa.string())
         return pa.table(cols)
 
 
-def _decode_text_files(batch: dict, base: str):
-    rows = _Rows(False, False)
+def _decode_text_files(batch: dict, base: str, group: bool = False):
+    rows = _Rows(False, False, group)
     for data, path in zip(batch["bytes"], batch["path"], strict=True):
         doc_id = Path(os.path.relpath(str(path), base)).as_posix()
         data = bytes(data)
@@ -465,7 +496,8 @@ def _decode_text_files(batch: dict, base: str):
         if not text.strip():
             rows.fail(f"document {doc_id} is empty")
             continue
-        rows.add(doc_id, text)
+        # A file's group is its parent folder; a file at the top is a group of its own.
+        rows.add(doc_id, text, group=(doc_id.rpartition("/")[0] or doc_id) if group else None)
     return rows.table()
 
 
@@ -498,6 +530,13 @@ def _add_record(rows: _Rows, fields: _Fields, get, keys, where: str) -> None:
         if label is None:
             rows.fail(f"label of document {name} is {raw!r}; labels must be 0 or 1")
             return
+    group = None
+    if fields.has_group:
+        raw = get(fields.group)
+        if raw is None or raw == "":
+            rows.fail(f"document {name} has no group field {fields.group!r} (data.group_field)")
+            return
+        group = str(raw)
     date_ = None
     if fields.has_date:
         raw = get(fields.date)
@@ -505,7 +544,7 @@ def _add_record(rows: _Rows, fields: _Fields, get, keys, where: str) -> None:
             date_ = raw.isoformat()
         elif raw is not None:
             date_ = str(raw)
-    rows.add(doc_id, text, label, date_)
+    rows.add(doc_id, text, label, date_, group)
 
 
 def _label(v: Any) -> int | None:
@@ -570,7 +609,7 @@ def _jsonl_datasource_class():
             def _read_stream(self, f, path: str):
                 name = Path(os.path.relpath(path, self._base)).as_posix()
                 fields = self._fields
-                rows = _Rows(fields.has_label, fields.has_date)
+                rows = _Rows(fields.has_label, fields.has_date, fields.has_group)
                 for lineno, raw in _iter_lines(f):
                     if not raw.strip():
                         continue
@@ -584,7 +623,7 @@ def _jsonl_datasource_class():
                         _add_record(rows, fields, rec.get, rec.keys(), where)
                     if len(rows) >= _ROWS_PER_BLOCK:
                         yield rows.table()
-                        rows = _Rows(fields.has_label, fields.has_date)
+                        rows = _Rows(fields.has_label, fields.has_date, fields.has_group)
                 if len(rows):
                     yield rows.table()
 
@@ -622,7 +661,7 @@ def _parquet_datasource_class():
 
 
 def _normalize_parquet(table, base: str, fields: _Fields):
-    rows = _Rows(fields.has_label, fields.has_date)
+    rows = _Rows(fields.has_label, fields.has_date, fields.has_group)
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
     keys = [name for name in table.column_names if name != "path"]
     for i, path in enumerate(cols["path"]):

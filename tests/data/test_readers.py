@@ -235,3 +235,93 @@ def test_parquet_bad_label_and_attach_labels(ray_local, tmp_path):
         "labels manifest names 2 of its 5 documents that the data does not have (yyy, zzz); "
         "they are left out"
     ]
+
+
+# ---------------------------------------------------------------- group_field
+
+
+def test_group_field_errors_before_reading(tmp_path):
+    write_jsonl(
+        tmp_path / "d.jsonl", [{"id": "a", "text": "x"}, {"id": "b", "text": "y", "book": 1}]
+    )
+    with pytest.raises(MiaError) as e:
+        read_documents(tmp_path / "d.jsonl", group_field="book")
+    assert (
+        str(e.value)
+        == "group field 'book' (data.group_field) is not in the first record of d.jsonl"
+    )
+    write_parquet(tmp_path / "p" / "d.parquet", {"id": ["a"], "text": ["x"]})
+    with pytest.raises(MiaError) as e:
+        read_documents(tmp_path / "p", group_field="book")
+    assert (
+        str(e.value) == "group field 'book' (data.group_field) is not in the columns of d.parquet"
+    )
+    write(tmp_path / "docs" / "a.txt", "hello")
+    with pytest.raises(MiaError) as e:
+        read_documents(tmp_path / "docs", group_field="book")
+    assert str(e.value) == (
+        "data.group_field 'book': a folder of text files has no fields; use \"folder\" to group "
+        "files by their parent folder"
+    )
+
+
+@pytest.mark.ray
+def test_group_field(ray_local, tmp_path):
+    import pyarrow as pa
+
+    records = [
+        {"id": "a", "text": "one", "book": "hamlet"},
+        {"id": "b", "text": "two", "book": 7},
+        {"id": "c", "text": "three", "book": "hamlet"},
+    ]
+    path = write_jsonl(tmp_path / "d.jsonl", records)
+    ds = read_documents(path, group_field="book")
+    assert ds.columns() == ["doc_id", "text", "group"]
+    assert {d: r["group"] for d, r in rows_by_id(ds).items()} == {
+        "a": "hamlet",
+        "b": "7",
+        "c": "hamlet",
+    }
+    assert read_documents(path).columns() == ["doc_id", "text"]  # no group_field, no group
+    # A record without a value fails as one without an id does, all problems counted.
+    bad = [records[0], {"id": "b", "text": "x"}, {"id": "c", "text": "y", "book": None}]
+    bad.append({"id": "d", "text": "z", "book": ""})
+    with pytest.raises(MiaError) as e:
+        read_documents(write_jsonl(tmp_path / "bad.jsonl", bad), group_field="book")
+    assert str(e.value) == (
+        "document b has no group field 'book' (data.group_field) (and 2 more problems)"
+    )
+
+    path = write_parquet(
+        tmp_path / "d.parquet",
+        {"id": ["a", "b"], "text": ["x", "y"], "label": [1, 0], "book": [3, 4]},
+    )
+    ds = read_documents(path, group_field="book")
+    assert ds.columns() == ["doc_id", "text", "label", "group"]
+    assert rows_by_id(ds) == {
+        "a": {"doc_id": "a", "text": "x", "label": 1, "group": "3"},
+        "b": {"doc_id": "b", "text": "y", "label": 0, "group": "4"},
+    }
+    assert read_documents(path).columns() == ["doc_id", "text", "label"]
+    path = write_parquet(
+        tmp_path / "n.parquet",
+        {"id": ["a", "b"], "text": ["x", "y"], "book": pa.array(["s", None], pa.string())},
+    )
+    with pytest.raises(MiaError) as e:
+        read_documents(path, group_field="book")
+    assert str(e.value) == "document b has no group field 'book' (data.group_field)"
+
+    docs = tmp_path / "docs"
+    write(docs / "hamlet" / "act1.txt", "to be")
+    write(docs / "hamlet" / "act2.txt", "or not")
+    write(docs / "plays" / "lear" / "act1.txt", "nothing")
+    write(docs / "sonnet.txt", "shall I")
+    ds = read_documents(docs, group_field="folder")
+    assert ds.columns() == ["doc_id", "text", "group"]
+    assert {d: r["group"] for d, r in rows_by_id(ds).items()} == {
+        "hamlet/act1.txt": "hamlet",
+        "hamlet/act2.txt": "hamlet",
+        "plays/lear/act1.txt": "plays/lear",
+        "sonnet.txt": "sonnet.txt",  # a file at the top is its own group
+    }
+    assert read_documents(docs).columns() == ["doc_id", "text"]
