@@ -64,33 +64,39 @@ def run_notebook(monkeypatch):
 
 @pytest.fixture
 def null_check_calibrated():
-    """``check(out, report)``: an audit run's null check is calibrated on its own scores."""
+    """``check(out, report)``: an audit run's null check, recomputed from its own scores."""
     import numpy as np
     import pandas as pd
 
     def check(out, r, splits: int = 20) -> None:
-        """The null check is one random halving of the unseen files: under a calibrated test it
-        rejects at most 5 % of the time, so one run's rejection can be chance (the demo world is
-        trained anew on each machine; on one it rejected, at p = 0.047). Its calibration is what
-        holds: on the run's own snippet scores, ``splits`` halvings (the run's first) reject at
-        most 3 times (1.6 % likely at a true 5 % were the splits independent; they share the
-        files, so roughly), and a rejection puts a caution in the verdict."""
-        from mia_ray.detectors.dataset_inference import LinearFeatureScorer, null_check
+        """The null check is one random halving of the unseen sources, tested by an exact
+        permutation test: it rejects with probability alpha whatever the files. On the run's
+        own snippet scores, the run's split gives the report's p-value, and ``splits``
+        halvings reject at most 3 times (1.6 % likely at a true 5 % were the splits
+        independent; they share the files, so roughly); the verdict names a rejection."""
+        from mia_ray.config import AuditJobConfig
+        from mia_ray.detectors.dataset_inference import file_matrix, null_check
+        from mia_ray.pipelines.audit import design_of
 
         snip = pd.read_parquet(out / "snippet_scores.parquet")
-        units = snip["doc_id"].astype(str).to_numpy()
+        rows = [("suspected", f) for f in r["files"]] + [("unseen", f) for f in r["unseen_files"]]
+        files = pd.DataFrame(
+            {
+                "doc_id": [f"{s}/{f['file_id']}" for s, f in rows],
+                "side": [int(s == "suspected") for s, _ in rows],
+                "source": [f"{s}/{f['source']}" for s, f in rows],
+            }
+        ).sort_values("doc_id", ignore_index=True)
+        assert len(files) == r["data"]["n_suspected"] + r["data"]["n_unseen"]
         X = snip[r["features"]["names"]].to_numpy(dtype=np.float64)
-        unseen = sorted({u for u in units if u.startswith("unseen/")})
-        assert len(unseen) == r["data"]["n_unseen"]
-        rounds, alpha = r["dataset_test"]["rounds"], r["null_check"]["alpha"]
-        p = [
-            null_check(units, X, unseen, LinearFeatureScorer, range(k, k + rounds), k, alpha)
-            for k in range(splits)
-        ]
-        p = [x["p_value"] for x in p]
+        F = file_matrix(snip["doc_id"].astype(str).to_numpy(), X, files["doc_id"].tolist())
+        cfg = AuditJobConfig()
+        cfg.audit.rounds = r["dataset_test"]["rounds"]
+        design = design_of(files, F, cfg, nonneg=True)
+        alpha, n_perm = r["null_check"]["alpha"], r["null_check"]["permutations"]
+        p = [null_check(design, n_perm, k, alpha)["p_value"] for k in range(splits)]
         assert p[0] == r["null_check"]["p_value"]  # the run's own split, recomputed
-        assert sum(x < alpha for x in p) <= 3, p
-        caution = "Caution: the null check rejects" in r["verdict"]["text"]
-        assert caution == r["null_check"]["reject"]
+        assert sum(x <= alpha for x in p) <= 3, p
+        assert ("The null check rejects" in r["verdict"]["text"]) == r["null_check"]["reject"]
 
     return check

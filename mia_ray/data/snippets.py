@@ -9,7 +9,8 @@ inside a multi-byte character, which decodes to U+FFFD; re-tokenizing a decoded 
 can give a slightly different number of tokens than ``size``.
 
 A trailing piece shorter than ``min_size`` is dropped unless it is the document's only
-piece. Snippet ids are ``f"{doc_id}#{index}"``: stable across runs and independent of the
+piece; ``min_size`` above ``size`` keeps full-size pieces only (a document shorter than one
+then has none). Snippet ids are ``f"{doc_id}#{index}"``: stable across runs and independent of the
 order in which Ray processes rows.
 """
 
@@ -24,7 +25,10 @@ UNITS = ("words", "tokens")
 
 def _windows(n: int, size: int, min_size: int) -> list[tuple[int, int]]:
     spans = [(start, min(start + size, n)) for start in range(0, n, size)]
-    if len(spans) > 1 and spans[-1][1] - spans[-1][0] < min_size:
+    # min_size > size: full windows only, even for a document's only piece (the audit's
+    # files must contribute snippets of one size).
+    short = spans and spans[-1][1] - spans[-1][0] < min(min_size, size)
+    if short and (len(spans) > 1 or min_size > size):
         spans.pop()
     return spans
 
@@ -118,6 +122,7 @@ def make_snippets(
         raise MiaError(f"snippet size must be at least 1, not {size}")
     if min_size < 0:
         raise MiaError(f"minimum snippet size must be 0 or more, not {min_size}")
+    min_size = min(min_size, size + 1)
     if max_per_doc < 0:
         raise MiaError(f"max snippets per document must be 0 (all) or more, not {max_per_doc}")
     if unit == "tokens":
@@ -135,3 +140,22 @@ def make_snippets(
             "tokenizer_path": str(tokenizer_path) if tokenizer_path else None,
         },
     )
+
+
+def take_per_file(snippets, k: int, seed: int):
+    """``k`` snippets of each document of a pandas frame of snippets (doc_id, snippet_id, ...),
+    drawn without replacement by a seeded generator of each doc_id (the same draw whatever the
+    other documents or the row order); documents with fewer than ``k`` are left out."""
+    import hashlib
+
+    import numpy as np
+
+    df = snippets.sort_values(["doc_id", "snippet_id"])
+    keep = []
+    for doc_id, pos in df.groupby("doc_id", sort=True).indices.items():
+        if len(pos) < k:
+            continue
+        key = hashlib.sha256(f"{seed}/{doc_id}".encode()).digest()[:8]
+        pick = np.random.default_rng(int.from_bytes(key, "little")).choice(len(pos), k, False)
+        keep.extend(pos[np.sort(pick)])
+    return df.iloc[np.sort(np.asarray(keep, dtype=np.int64))]

@@ -126,23 +126,31 @@ def _aggregate(snip: pd.DataFrame, cols: list[str], how: str) -> pd.DataFrame:
 
 
 def score_attacks(
-    cfg: AttackJobConfig, out: Path, docs=None, labels: dict[str, int] | None = None
+    cfg: AttackJobConfig,
+    out: Path,
+    docs=None,
+    labels: dict[str, int] | None = None,
+    snippets: pd.DataFrame | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Snippet-level and document-level attack scores; also returns the labels and timings.
 
     ``docs`` (a Ray Dataset with doc_id, text) and ``labels`` (doc_id -> 0/1) are read from
-    ``cfg.data`` unless given.
+    ``cfg.data`` unless given; ``snippets`` (snippet_id, doc_id, text), when given, are scored
+    as they are instead of the snippets ``cfg.data`` cuts from ``docs``.
     """
 
     from mia_ray.features.attacks import score_table, stats_from_columns
 
     t0 = time.time()
-    if docs is None:
+    if docs is None and snippets is None:
         docs, labels = labelled_documents(cfg.data)
         n_mem = sum(labels.values())
         log(f"{len(labels)} documents: {n_mem} members, {len(labels) - n_mem} non-members")
-    snippets = snippets_of(docs, cfg.data, cfg.model.name_or_path).materialize()
-    snip_meta = snippets.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
+    if snippets is None:
+        cut = snippets_of(docs, cfg.data, cfg.model.name_or_path).materialize()
+        snip_meta = cut.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
+    else:
+        snip_meta = snippets[["snippet_id", "doc_id", "text"]].reset_index(drop=True)
     if snip_meta["snippet_id"].duplicated().any():
         raise MiaError("snippet ids are not unique: are doc ids unique?")
     log(f"{len(snip_meta)} snippets ({cfg.data.snippet_size} {cfg.data.snippet_unit} max)")

@@ -21,13 +21,14 @@ from mia_ray.reports.html import (
 from mia_ray.reports.io import write_text
 
 HOW_TO_READ = (
-    "The question: did the model train on the suspected files? The dataset test compares the "
-    "model's scores of the suspected files with those of files it surely never saw; a small "
-    "p-value is evidence of training. Two checks stand beside it: the same test on two halves "
-    "of the unseen files (it must not reject), and on the files' words alone with no model "
-    "(if that rejects, the two sets differ in kind and the verdict means nothing). Each "
-    "suspected file then gets a p-value, and the files flagged 'trained' are chosen so that on "
-    "average at most the stated share of them are false discoveries."
+    "The question: did the model train on the suspected files? The dataset test asks whether "
+    "the model scores the suspected files as more trained-on than files it surely never saw; "
+    "a small p-value is evidence of training. Two checks stand beside it: the same test on "
+    "two random halves of the unseen files (a test of the machinery: it rejects at its level "
+    "by chance, and tells nothing about the files), and on the files' words alone with no "
+    "model (if that rejects, the two sets differ in kind, and no file is called trained). "
+    "Each suspected file then gets a p-value, and the files flagged 'trained' are chosen so "
+    "that on average at most the stated share of them are false discoveries."
 )
 
 
@@ -35,7 +36,7 @@ def _check_rows(r: Mapping[str, Any]) -> list[list[str]]:
     rows = []
     for key, label in (
         ("dataset_test", "dataset test: suspected vs unseen"),
-        ("null_check", "null check: unseen vs unseen (must not reject)"),
+        ("null_check", "null check: unseen vs unseen (rejects only by chance)"),
         ("blind_check", "blind check: words only, no model (must not reject)"),
     ):
         t = r.get(key)
@@ -43,8 +44,8 @@ def _check_rows(r: Mapping[str, Any]) -> list[list[str]]:
             rows.append(
                 [
                     label,
-                    f"{t['p_value']:.3g}",
-                    fmt_num(t.get("effect_size"), 2),
+                    f"{t['p_value']:.3g} ± {t['mc_error']:.1g}",
+                    fmt_num(t.get("statistic"), 3),
                     "rejects" if t["reject"] else "does not reject",
                 ]
             )
@@ -82,7 +83,7 @@ def _weights_figure(feat: Mapping[str, Any]) -> bytes:
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()
     ax.axvline(0, color="black", lw=0.8)
-    ax.set_xlabel("weight on the standardized feature (mean ± sd over fits)")
+    ax.set_xlabel("weight (>= 0) on the standardized feature (mean ± sd over fits)")
     return _png(fig)
 
 
@@ -100,9 +101,12 @@ def render_audit_report(report: Mapping[str, Any], out_path: str | os.PathLike) 
             "Tests",
             table_html(
                 _check_rows(r),
-                ["test", "p-value", "effect size (Cohen's d)", "at the chosen level"],
-                caption=f"Level {r['dataset_test']['alpha']:g}; each p-value combines "
-                f"{2 * r['dataset_test']['rounds']} held-out halves.",
+                ["test", "p-value ± Monte Carlo error", "mean held-out AUC", "at the level"],
+                caption=f"Level {r['dataset_test']['alpha']:g}; each statistic is the mean AUC "
+                f"of {2 * r['dataset_test']['rounds']} held-out halves, each p-value from "
+                f"{r['dataset_test']['permutations']} permutations of the sources' sides; "
+                f"effect size (Cohen's d of the held-out scores) "
+                f"{fmt_num(r['dataset_test'].get('effect_size'), 2)}.",
             ),
         ),
     ]
@@ -110,7 +114,7 @@ def render_audit_report(report: Mapping[str, Any], out_path: str | os.PathLike) 
         sections.append(("Against known labels", definition_list(r["truth"])))
     sections.append(("Scores and p-values", img_html(_score_figure(r), "score distributions")))
     pf = r["per_file"]
-    cols = ["file_id", "score", "p_value", "q_value", "verdict", "n_snippets"]
+    cols = ["file_id", "source", "score", "p_value", "q_value", "verdict", "n_calibration"]
     if any("truth" in f for f in r["files"]):
         cols.append("truth")
     if any("copycheck_verdict" in f for f in r["files"]):
@@ -122,8 +126,9 @@ def render_audit_report(report: Mapping[str, Any], out_path: str | os.PathLike) 
                 [[f.get(c) for c in cols] for f in r["files"]],
                 cols,
                 highlight=[i for i, f in enumerate(r["files"]) if f["verdict"] == "trained"],
-                caption="q_value: the Benjamini-Hochberg adjusted p-value; a file is flagged "
-                "when it is at most the FDR level.",
+                caption="q_value: the adjusted p-value of the step-up rule; a file is flagged "
+                "when it is at most the FDR level"
+                + (f". No verdicts: {pf['withheld']}." if pf.get("withheld") else "."),
                 digits=4,
             ),
         )
@@ -135,6 +140,39 @@ def render_audit_report(report: Mapping[str, Any], out_path: str | os.PathLike) 
         body = definition_list({k: v for k, v in summary.items() if k != "out"})
         body += paragraph(f"Its own report: {summary.get('out', '')}/report.html")
         sections.append((f"More evidence: {name}", body))
+    lengths = r.get("lengths")
+    if lengths:
+        rows = [
+            [side]
+            + [
+                lengths[side][k]
+                for k in ("files", "words_median", "words_min", "words_max", "full_snippets_median")
+            ]
+            for side in ("suspected", "unseen")
+        ]
+        sections.append(
+            (
+                "Lengths",
+                table_html(
+                    rows,
+                    ["side", "files", "median words", "fewest", "most", "median full snippets"],
+                    caption=f"Every file is scored on {lengths['snippets_per_file']} full-size "
+                    "snippet(s), drawn from its own."
+                    + (f" Warning: {lengths['warning']}." if lengths.get("warning") else ""),
+                ),
+            )
+        )
+    left = r["data"].get("left_out") or []
+    if left:
+        sections.append(
+            (
+                f"Left out ({len(left)})",
+                table_html(
+                    [[f["side"], f["file_id"], f["reason"]] for f in left],
+                    ["side", "file_id", "why"],
+                ),
+            )
+        )
     sections.append(("Caveats and method", list_html(r.get("notes") or [])))
     sections.append(("Data", definition_list(r["data"])))
     sections.append(("Model", definition_list(model)))

@@ -1,15 +1,17 @@
 """The audit's statistics: a dataset-level test and per-file p-values with false-discovery control.
 
 - ``welch_greater``: one-sided Welch t-test that scores of ``a`` exceed scores of ``b``, the
-  test of LLM Dataset Inference (Maini et al. 2024, §4), run here on file-level scores.
+  test of LLM Dataset Inference (Maini et al. 2024, §4); the audit now uses a permutation
+  test (``detectors.dataset_inference``), the validity suite keeps this as the former test.
 - ``two_times_median``: merges p-values computed from the same data (cross-fitting halves,
   repeated over seeds), whatever their dependence: P(2 * median <= alpha) <= alpha for any
   joint law (Rüschendorf 1982; the quantile aggregation of Meinshausen, Meier & Bühlmann 2009
   with gamma = 1/2; Vovk & Wang 2020).
 - ``conformal_pvalues``: p = (1 + #{calibration scores >= s}) / (n + 1); exactly valid when
   the test file and the n calibration files are exchangeable, so never below 1 / (n + 1).
-- ``benjamini_hochberg``: the step-up rule at level q; conformal p-values that share their
-  calibration set are PRDS, so it controls the FDR at q (Bates et al. 2023).
+- ``benjamini_hochberg``: the step-up rule at level q, in exact arithmetic; conformal
+  p-values that share one calibration set and one model are PRDS, so it controls the FDR at
+  q for them (Bates et al. 2023); ``by`` controls it under any dependence.
 
 Pure numpy/scipy: no model, no Ray.
 """
@@ -17,6 +19,7 @@ Pure numpy/scipy: no model, no Ray.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 from scipy import stats
@@ -72,25 +75,37 @@ def conformal_pvalues(test_scores, calibration_scores) -> np.ndarray:
     return (1.0 + at_least) / (c.size + 1.0)
 
 
-def benjamini_hochberg(pvalues, q: float) -> tuple[np.ndarray, np.ndarray]:
-    """BH at level ``q`` for (m,) p-values: (rejected (m,) bool, adjusted p-values (m,)).
+def benjamini_hochberg(pvalues, q: float, method: str = "bh") -> tuple[np.ndarray, np.ndarray]:
+    """The step-up rule at level ``q`` for (m,) p-values: (rejected (m,) bool, adjusted (m,)).
 
-    Rejects the k smallest p-values for the largest k with p_(k) <= q k / m; the adjusted
-    p-value of p_(i) is min over j >= i of min(1, p_(j) m / j), so "adjusted <= q" is the
-    same rule.
+    Rejects the k smallest p-values for the largest k with p_(k) <= q k / m (``bh``); ``by``
+    (Benjamini & Yekutieli 2001) uses q / (1 + 1/2 + ... + 1/m), valid under any dependence.
+    The rule runs in exact arithmetic: p-values given as Fractions (conformal p-values are
+    (1 + k) / (n + 1)) stay exact, floats are taken at their exact binary value, and ``q`` at
+    its decimal value (0.05 is 1/20), so p = q k / m is a rejection, never a rounding error.
+    The adjusted p-value of p_(i) is min over j >= i of min(1, p_(j) m / j) (times the BY
+    factor), as a float; "adjusted <= q" is the same rule.
     """
-    p = np.asarray(pvalues, dtype=np.float64).reshape(-1)
     if not 0 < q < 1:
         raise MiaError(f"the FDR level must lie in (0, 1), not {q}")
-    m = p.size
+    if method not in ("bh", "by"):
+        raise MiaError(f"unknown FDR method {method!r} (bh or by)")
+    p = [x if isinstance(x, Fraction) else Fraction(float(x)) for x in np.ravel(pvalues)]
+    m = len(p)
     if m == 0:
         return np.zeros(0, dtype=bool), np.zeros(0)
-    order = np.argsort(p, kind="stable")
-    ranked = p[order] * m / np.arange(1, m + 1)
-    adjusted_sorted = np.minimum(1.0, np.minimum.accumulate(ranked[::-1])[::-1])
+    level = Fraction(str(q)) if isinstance(q, float) else Fraction(q)
+    factor = sum(Fraction(1, i) for i in range(1, m + 1)) if method == "by" else Fraction(1)
+    order = sorted(range(m), key=lambda i: p[i])
+    k = max((i + 1 for i in range(m) if p[order[i]] * m * factor <= level * (i + 1)), default=0)
+    rejected = np.zeros(m, dtype=bool)
+    rejected[order[:k]] = True
     adjusted = np.empty(m)
-    adjusted[order] = adjusted_sorted
-    return adjusted <= q, adjusted
+    running = Fraction(1)
+    for i in range(m - 1, -1, -1):
+        running = min(running, p[order[i]] * m * factor / (i + 1))
+        adjusted[order[i]] = float(running)
+    return rejected, adjusted
 
 
 def min_calibration_files(q: float) -> int:

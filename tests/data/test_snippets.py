@@ -103,3 +103,32 @@ def test_make_snippets_keeps_column_types(ray_local):
     out = make_snippets(ray_local.data.from_arrow(blocks), size=2, min_size=0).materialize()
     assert out.schema().types[-1] == pa.string()  # an all-null block keeps its string type
     assert sorted(r["snippet_id"] for r in out.take_all()) == ["a#0", "a#1"]
+
+
+def test_full_only_keeps_whole_windows_even_for_a_short_document():
+    from mia_ray.data.snippets import split_words
+
+    text = " ".join(f"w{i}" for i in range(10))
+    assert split_words(text, 4, min_size=5) == ["w0 w1 w2 w3", "w4 w5 w6 w7"]
+    assert split_words("a b c", 4, min_size=5) == []
+    assert split_words("a b c", 4, min_size=2) == ["a b c"]  # the only piece stays otherwise
+
+
+def test_take_per_file_draws_k_of_each_file_seeded_and_leaves_out_shorter_ones():
+    import pandas as pd
+
+    from mia_ray.data.snippets import take_per_file
+
+    rows = [(d, f"{d}#{i}") for d, n in (("a", 6), ("b", 3), ("c", 1)) for i in range(n)]
+    df = pd.DataFrame(rows, columns=["doc_id", "snippet_id"]).sample(frac=1, random_state=1)
+    got = take_per_file(df, 3, seed=0)
+    assert sorted(got["doc_id"].value_counts().items()) == [("a", 3), ("b", 3)]
+    assert set(got[got["doc_id"] == "b"]["snippet_id"]) == {"b#0", "b#1", "b#2"}
+    # the same draw whatever the row order or the other files; another seed draws anew
+    again = take_per_file(df[df["doc_id"] == "a"].iloc[::-1], 3, seed=0)
+    assert set(again["snippet_id"]) == set(got[got["doc_id"] == "a"]["snippet_id"])
+    draws = {
+        frozenset(take_per_file(df, 3, seed=s).query("doc_id == 'a'")["snippet_id"])
+        for s in range(10)
+    }
+    assert len(draws) > 1

@@ -13,13 +13,13 @@ import pytest
 from mia_ray.cli import main
 from mia_ray.config import AuditJobConfig
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.audit import check_counts
+from mia_ray.pipelines.audit import SIDES, check_counts
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SETTINGS = [
     "--set", "data.snippet_size=64", "--set", "model.max_length=128",
-    "--set", "resources.torch_threads=1",
-]  # fmt: skip
+    "--set", "resources.torch_threads=1", "--set", "audit.fdr=0.1",
+]  # fmt: skip  # the test world's 31 unseen files calibrate 15 per half: p >= 1/16
 
 
 def _write_jsonl(path, docs):
@@ -78,18 +78,34 @@ def test_memorising_target_is_caught_and_its_member_files_flagged(
     null_check_calibrated(out, r)
     assert r["verdict"]["trained"] and r["verdict"]["text"].startswith("Evidence that ")
     t = r["truth"]
-    assert t["n_members"] == audit_inputs["n_members"]
+    # Files shorter than one 64-word snippet are left out, and said so.
+    left = r["data"]["left_out"]
+    assert left and all(f["reason"] == "shorter than one full snippet (64 words)" for f in left)
+    n_left = sum(f["side"] == "suspected" for f in left)
+    labels = json.loads(audit_inputs["labels"].read_text())
+    members_left = sum(labels[f["file_id"]] for f in left if f["side"] == "suspected")
+    assert t["n_members"] == audit_inputs["n_members"] - members_left
     assert t["members_flagged"] >= 0.8 * t["n_members"]
     assert t["fdp"] <= 0.1
-    # Every suspected file has a row; the flagged ones are exactly those with q <= fdr.
-    assert len(r["files"]) == r["data"]["n_suspected"] == audit_inputs["n_members"] + 8
+    # Every kept suspected file has a row; the flagged ones are exactly those with q <= fdr.
+    assert len(r["files"]) == r["data"]["n_suspected"] == audit_inputs["n_members"] + 8 - n_left
     for f in r["files"]:
-        assert (f["verdict"] == "trained") == (f["q_value"] <= 0.05)
+        assert (f["verdict"] == "trained") == (f["q_value"] <= 0.1)
         assert f["p_value"] >= r["per_file"]["min_p_value"] - 1e-12
-    assert r["per_file"]["n_calibration"] == r["data"]["n_unseen"] == len(r["unseen_files"])
+    assert r["per_file"]["n_calibration"] == r["data"]["n_unseen"] // 2
+    assert r["data"]["n_unseen"] == len(r["unseen_files"]) == r["data"]["n_sources_unseen"]
+    assert {f["n_calibration"] for f in r["files"]} <= {
+        r["data"]["n_unseen"] // 2 + x for x in (0, 1)
+    }
+    # The same number of full-size snippets for every file.
+    k = r["lengths"]["snippets_per_file"]
+    assert k >= 1 and {f["n_snippets"] for f in r["files"]} == {k}
+    assert r["data"]["n_snippets"] == k * (r["data"]["n_suspected"] + r["data"]["n_unseen"])
+    assert r["dataset_test"]["permutations"] == 1999 and r["dataset_test"]["p_value"] == 1 / 2000
     names = r["features"]["names"]
     assert "ref" in names and "loss" in names and "min_k_plus_plus@0.2" in names
     assert len(r["features"]["weights_mean"]) == len(names)
+    assert min(r["features"]["weights_mean"]) >= 0  # monotone: no feature counts against
     files = pd.read_parquet(out / "files.parquet")
     assert sorted(files["file_id"]) == sorted(f["file_id"] for f in r["files"])
     html = (out / "report.html").read_text()
@@ -131,6 +147,48 @@ def test_different_kinds_of_files_trip_the_blind_check(tmp_path, ray_local, audi
     assert r["blind_check"]["reject"] and r["blind_check"]["p_value"] < 0.01
     assert not r["verdict"]["trained"]
     assert r["verdict"]["text"].startswith("Not evidence of training")
+
+
+def test_sources_near_duplicates_and_short_files_as_users_bring_them(
+    tmp_path, ray_local, audit_inputs
+):
+    """A suspected file that is an unseen file with 1 word in 20 changed, a 3-word file, and
+    chapters of one book (--group-by): the first two are left out with their reason, the
+    chapters are one source, and the report counts the sources the verdict rests on."""
+    read = {s: [json.loads(x) for x in audit_inputs[s].read_text().splitlines()] for s in SIDES}
+    sus, uns = read["suspected"], read["unseen"]
+    words = uns[0]["text"].split()
+    for i in random.Random(0).sample(range(len(words)), len(words) // 20):
+        words[i] = "zzz"
+    sus = [*sus, {"id": "copy-of-unseen", "text": " ".join(words)}]
+    sus.append({"id": "three-words", "text": "three short words"})
+    chapters = [d["id"] for d in sus if len(d["text"].split()) >= 128][:4]
+    inputs = dict(audit_inputs)
+    for side, docs in (("suspected", sus), ("unseen", uns)):
+        for d in docs:
+            d["book"] = "book-a" if d["id"] in chapters else d["id"]
+        inputs[side] = tmp_path / f"{side}.jsonl"
+        inputs[side].write_text("".join(json.dumps(d) + "\n" for d in docs))
+    out = tmp_path / "users"
+    r = _audit(out, inputs, "tiny", "--group-by", "book")
+    left = {f["file_id"]: f["reason"] for f in r["data"]["left_out"]}
+    assert left["copy-of-unseen"].startswith("shares ")
+    assert left["copy-of-unseen"].endswith(
+        f"of its 8-word spans with unseen file {uns[0]['id']!r}: it cannot be both suspected "
+        "and surely unseen"
+    )
+    assert left["three-words"] == "shorter than one full snippet (64 words)"
+    assert r["data"]["group_field"] == "book" and r["data"]["n_near_duplicate_pairs"] >= 1
+    source = {f["file_id"]: f["source"] for f in r["files"]}
+    assert {source[c] for c in chapters} == {min(chapters)}
+    assert r["data"]["n_sources_suspected"] == r["data"]["n_suspected"] - 3
+    assert "4 suspected and" not in r["verdict"]["text"]
+    note = next(n for n in r["notes"] if n.startswith("The verdict rests on"))
+    assert note.startswith(
+        f"The verdict rests on {r['data']['n_sources_suspected']} suspected and "
+        f"{r['data']['n_sources_unseen']} unseen independent sources ("
+    )
+    assert "Left out (" in (out / "report.html").read_text()
 
 
 def _fails(capsys, args, message):
@@ -179,9 +237,9 @@ def test_too_few_unseen_files_for_any_verdict_is_an_error(
     _fails(
         capsys,
         [*_base(audit_inputs, tmp_path), "--unseen", str(uns)],
-        "--unseen has 10 file(s): with audit.calibration=cross a file is calibrated against 10 "
-        "of them, so its p-value is at least 1/11 = 0.091 > audit.fdr = 0.05 and no file could "
-        "ever be flagged; give at least 19 unseen files (or raise audit.fdr)",
+        "--unseen has 10 file(s): a suspected file is ranked against the 5 of them in its "
+        "cross-fitting half, so its p-value is at least 1/6 = 0.167 > audit.fdr = 0.05 and no "
+        "file could ever be flagged; give at least 38 unseen files (or raise audit.fdr)",
     )
     assert not (tmp_path / "out" / "rows").exists()  # stopped before any scoring
 
@@ -190,12 +248,13 @@ def test_check_counts_messages_and_what_the_calibration_allows():
     cfg = AuditJobConfig()
     with pytest.raises(MiaError, match=r"--suspected has 3 file\(s\): the audit needs at least 4 "):
         check_counts(cfg, 3, 40)
-    cfg.audit.calibration = "split"
-    with pytest.raises(MiaError, match="calibrated against 15 of them.*give at least 38 unseen"):
+    with pytest.raises(MiaError, match=r"--unseen has 3 source\(s\): .* and 38 unseen sources"):
+        check_counts(cfg, 10, 3, "source")
+    with pytest.raises(MiaError, match="ranked against the 15 of them.*give at least 38 unseen"):
         check_counts(cfg, 10, 30)
     got = check_counts(cfg, 66, 94)
     assert got == {"n_calibration": 47, "min_p_value": 1 / 48, "min_flagged_together": 28}
-    cfg.audit.calibration, cfg.audit.fdr = "cross", 0.5
+    cfg.audit.fdr = 0.5
     with pytest.raises(MiaError, match="null check .* needs at least 8"):
         check_counts(cfg, 10, 5)
 
@@ -228,7 +287,7 @@ def test_copycheck_on_request_joins_the_files_table(tmp_path, ray_local, audit_i
         small[side].write_text("\n".join(lines) + "\n")
     r = _audit(
         tmp_path / "with-cc", small, "tiny", "--set", "audit.methods=[copycheck]",
-        "--set", settings, "--set", "audit.null_check=false",
+        "--set", settings, "--set", "audit.null_check=false", "--set", "audit.fdr=0.2",
     )  # fmt: skip
     assert len(r["files"]) == 6
     cc = r["methods"]["copycheck"]

@@ -1,5 +1,8 @@
 """The audit's statistics against hand-computed cases and their definitions."""
 
+import math
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -51,6 +54,33 @@ def test_benjamini_hochberg_steps_up():
     assert not rej.any()
     with pytest.raises(MiaError, match=r"FDR level must lie in \(0, 1\)"):
         benjamini_hochberg([0.1], 0.0)
+
+
+def test_benjamini_hochberg_is_exact_at_the_boundary():
+    # 19 unseen files, 3 suspected at p = 1/20: p_(3) = q 3 / 3 exactly; in floats
+    # 0.05 * 3 / 3 = 0.05000000000000001 > 0.05 and none was flagged.
+    rej, adj = benjamini_hochberg([Fraction(1, 20)] * 3, 0.05)
+    assert rej.all()
+    np.testing.assert_allclose(adj, [0.05] * 3)
+    # every such case for n in 19..99 unseen and m <= 29 suspected at the smallest p-value
+    for n in range(19, 100):
+        for m in range(1, 30):
+            k = math.ceil(Fraction(m, n + 1) / Fraction(1, 20))  # BH needs k >= m (n+1)^-1 / q
+            if k <= m:
+                assert benjamini_hochberg([Fraction(1, n + 1)] * m, 0.05)[0].all()
+            else:
+                assert not benjamini_hochberg([Fraction(1, n + 1)] * m, 0.05)[0].any()
+
+
+def test_benjamini_yekutieli_divides_the_level_by_the_harmonic_sum():
+    # m = 3: 1 + 1/2 + 1/3 = 11/6, so p_(1) must be <= 0.05 / (11/6) / 3 = 0.00909...
+    p = [Fraction(9, 1000), Fraction(1, 5), Fraction(1, 2)]
+    assert benjamini_hochberg(p, 0.05, "by")[0].tolist() == [True, False, False]
+    assert not benjamini_hochberg([Fraction(1, 100)] + p[1:], 0.05, "by")[0].any()
+    _, adj = benjamini_hochberg(p, 0.05, "by")
+    assert adj[0] == pytest.approx(0.009 * 3 * 11 / 6)
+    with pytest.raises(MiaError, match="unknown FDR method 'holm'"):
+        benjamini_hochberg(p, 0.05, "holm")
 
 
 def test_welch_greater_matches_scipy_one_sided():
