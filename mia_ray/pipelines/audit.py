@@ -399,12 +399,10 @@ def analyse(
         f"{a.permutations} permutations"
     )
     got = audit(design, a.permutations, a.seed, a.alpha, a.fdr, a.fdr_method)
-    test, rounds, pv = got["test"], got["rounds"], got["pvalues"]
-    sus, flagged, adjusted = got["suspected"], got["flagged"], got["adjusted"]
+    test, rounds = got["test"], got["rounds"]
     is_sus = files["side"].to_numpy() == 1
     coefs = np.array([c for r in rounds for c in r.coefs])
     score = np.mean([r.score for r in rounds], axis=0)
-    n_snip = snip.groupby("doc_id").size()
     report: dict = {
         "pipeline": "audit",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -453,33 +451,14 @@ def analyse(
             **_check_summary(blind),
         }
     blind_rejects = bool(report.get("blind_check", {}).get("reject"))
-    rows = []
-    for j, i in enumerate(sus):
-        verdict = "trained" if flagged[j] else "not flagged"
-        if blind_rejects:
-            verdict = "no verdict: blind check rejects"
-        rows.append(
-            {
-                "file_id": ids[i].split("/", 1)[1],
-                "source": str(files["source"][i]).split("/", 1)[1],
-                "score": float(score[i]),
-                "p_value": float(pv[i][0]),
-                "q_value": float(adjusted[j]),
-                "verdict": verdict,
-                "n_calibration": pv[i][1],
-                "n_snippets": int(n_snip[ids[i]]),
-                **({"truth": truth[ids[i]]} if ids[i] in truth else {}),
-            }
-        )
-    rows.sort(key=lambda r: (r["p_value"], -r["score"], r["file_id"]))
-    n_flag = sum(1 for r in rows if r["verdict"] == "trained")
+    rows = _file_rows(files, got, score, snip.groupby("doc_id").size(), truth, blind_rejects)
     report["per_file"] = {
         "fdr": a.fdr,
         "method": a.fdr_method,
         "scheme": SCHEME,
         "guarantee": GUARANTEE[a.fdr_method],
         **calib,
-        "n_flagged": n_flag,
+        "n_flagged": sum(1 for r in rows if r["verdict"] == "trained"),
         "withheld": (
             "the blind check rejects: suspected and unseen files differ in kind, so no "
             "file's p-value can be read as evidence of training"
@@ -498,19 +477,46 @@ def analyse(
         if not is_sus[i]
     ]
     if truth:
-        mem = [r for r in rows if r.get("truth") == 1]
-        hit = [r for r in rows if r["verdict"] == "trained"]
-        report["truth"] = {
-            "n_members": len(mem),
-            "n_nonmembers": sum(1 for r in rows if r.get("truth") == 0),
-            "members_flagged": sum(1 for r in mem if r["verdict"] == "trained"),
-            "nonmembers_flagged": sum(1 for r in hit if r.get("truth") == 0),
-            "tpr": (sum(1 for r in mem if r["verdict"] == "trained") / len(mem)) if mem else None,
-            "fdp": (sum(1 for r in hit if r.get("truth") == 0) / len(hit)) if hit else 0.0,
-        }
+        report["truth"] = _truth_summary(rows)
     report["verdict"] = _verdict(report)
     report["notes"] = _notes(cfg, report)
     return report
+
+
+def _file_rows(files, got: dict, score, n_snip, truth: dict, blind_rejects: bool) -> list[dict]:
+    """One row per suspected file, sorted by p-value; no file is "trained" when the blind
+    check rejects (its p-value is then no more valid than the dataset test)."""
+    rows = []
+    for j, i in enumerate(got["suspected"]):
+        doc = files["doc_id"][i]
+        verdict = "trained" if got["flagged"][j] else "not flagged"
+        rows.append(
+            {
+                "file_id": doc.split("/", 1)[1],
+                "source": str(files["source"][i]).split("/", 1)[1],
+                "score": float(score[i]),
+                "p_value": float(got["pvalues"][i][0]),
+                "q_value": float(got["adjusted"][j]),
+                "verdict": "no verdict: blind check rejects" if blind_rejects else verdict,
+                "n_calibration": got["pvalues"][i][1],
+                "n_snippets": int(n_snip[doc]),
+                **({"truth": truth[doc]} if doc in truth else {}),
+            }
+        )
+    return sorted(rows, key=lambda r: (r["p_value"], -r["score"], r["file_id"]))
+
+
+def _truth_summary(rows: list[dict]) -> dict:
+    mem = [r for r in rows if r.get("truth") == 1]
+    hit = [r for r in rows if r["verdict"] == "trained"]
+    return {
+        "n_members": len(mem),
+        "n_nonmembers": sum(1 for r in rows if r.get("truth") == 0),
+        "members_flagged": sum(1 for r in mem if r["verdict"] == "trained"),
+        "nonmembers_flagged": sum(1 for r in hit if r.get("truth") == 0),
+        "tpr": (sum(1 for r in mem if r["verdict"] == "trained") / len(mem)) if mem else None,
+        "fdp": (sum(1 for r in hit if r.get("truth") == 0) / len(hit)) if hit else 0.0,
+    }
 
 
 def _check_summary(t: dict) -> dict:

@@ -245,7 +245,7 @@ def _run_memhunter(cfg: AuditJobConfig, sub: MemHunterJobConfig, run, d: Path, _
         docs,
         "".join(
             json.dumps({"id": i, "text": t, "label": int(g)}, ensure_ascii=False) + "\n"
-            for i, t, g in zip(files["doc_id"], files["text"], files["group"], strict=True)
+            for i, t, g in zip(files["doc_id"], files["text"], files["side"], strict=True)
         ),
     )
     sub.data.path, sub.data.format = str(docs), "jsonl"
