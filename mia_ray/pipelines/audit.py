@@ -132,7 +132,11 @@ def assign_sources(files: pd.DataFrame, near_duplicates: bool) -> tuple[pd.DataF
             },
         )
     kept = files[~files["doc_id"].isin(left_out)].copy()
-    links = [(a, b) for a, b, _ in pairs if side[a] == side[b] and a not in left_out]
+    links = [
+        (a, b)
+        for a, b, _ in pairs
+        if side[a] == side[b] and a not in left_out and b not in left_out
+    ]
     # The files of one given group, chained, join the same component.
     for _, members in kept.groupby(["side", "group"])["doc_id"]:
         m = sorted(members)
