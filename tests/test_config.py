@@ -167,3 +167,18 @@ def test_memhunter_config_errors_name_the_key():
         load_config(MemHunterJobConfig, None, ["world.target=tiny", "dataset_test.finetune_lr=0"])
     with pytest.raises(MiaError, match=r"hunter.model is empty"):
         load_config(MemHunterJobConfig, None, ["data.path=x", "model.name_or_path=y"])
+
+
+def test_audit_statistics_settings_are_checked():
+    from mia_ray.config import AuditConfig
+
+    def bad(message, **kw):
+        with pytest.raises(MiaError, match=message):
+            AuditConfig(**kw).validate()
+
+    bad(r"audit.file_rounds \(6\) cannot exceed audit.rounds \(5\)", file_rounds=6)
+    bad("audit.permutations must be at least 1, not 0", permutations=0)
+    bad("audit.fdr_method must be one of bh, by, not 'holm'", fdr_method="holm")
+    bad(r"audit.snippets_per_file must be 0 \(the fewest any file has\) or more, not -1",
+        snippets_per_file=-1)  # fmt: skip
+    AuditConfig(file_rounds=5, fdr_method="by", snippets_per_file=4).validate()

@@ -27,7 +27,9 @@ near-duplicates; a file alone is its own group). A group is wholly suspected (1)
 - :func:`file_pvalues`: in each round a suspected file is ranked against the unseen files of
   its own held-out half (one file per unseen group), all scored by a model that trained on
   none of them: a split-conformal p-value (Vovk et al. 2005; Bates et al. 2023). Rounds
-  combine by their maximum, valid under any dependence (P(max p <= t) <= P(p_1 <= t) <= t).
+  combine by their maximum, valid under any dependence (P(max p <= t) <= P(p_1 <= t) <= t);
+  the audit uses the first ``audit.file_rounds`` of them (1 by default: the maximum's
+  robustness to the split costs power, measured in VALIDITY.md).
 
 Pure numpy/scipy/sklearn: no model, no Ray.
 """
@@ -403,16 +405,23 @@ def null_side(side: np.ndarray, seed: int) -> np.ndarray:
 
 
 def audit(
-    design: Design, permutations: int, seed: int, alpha: float, fdr: float, fdr_method: str = "bh"
+    design: Design,
+    permutations: int,
+    seed: int,
+    alpha: float,
+    fdr: float,
+    fdr_method: str = "bh",
+    file_rounds: int = 1,
 ) -> dict:
     """The audit's statistics on one design: ``test`` (:func:`permutation_test`), ``rounds``
-    (:func:`cross_fit`), ``pvalues`` (:func:`file_pvalues`, every file), and over the suspected
-    files (``suspected``: their indices) the step-up rule's ``flagged`` and ``adjusted``."""
+    (:func:`cross_fit`), ``pvalues`` (:func:`file_pvalues` over the first ``file_rounds``
+    rounds, every file), and over the suspected files (``suspected``: their indices) the
+    step-up rule's ``flagged`` and ``adjusted``."""
     from mia_ray.stats.audit import benjamini_hochberg
 
     test = permutation_test(design, permutations, seed, alpha)
     rounds = cross_fit(design)
-    pv = file_pvalues(design, rounds, seed)
+    pv = file_pvalues(design, rounds[:file_rounds], seed)
     sus = np.flatnonzero(design.side[design.group] == 1)
     flagged, adjusted = benjamini_hochberg([pv[i][0] for i in sus], fdr, fdr_method)
     return {

@@ -280,7 +280,7 @@ def _truth(cfg: AuditJobConfig, files: pd.DataFrame) -> dict[str, int]:
     }
 
 
-def _feature_columns(snip: pd.DataFrame, names: list[str]) -> list[str]:
+def feature_columns(snip: pd.DataFrame, names: list[str]) -> list[str]:
     cols = []
     for name in names:
         variants = [c for c in snip.columns if c.startswith(f"{name}@")]
@@ -338,7 +338,7 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
     )
     snip, _, ctx = score_attacks(acfg, out, labels=side, snippets=snippets)
     t_score = time.time() - t0
-    features = _feature_columns(snip, attacks)
+    features = feature_columns(snip, attacks)
     texts = ctx["snippets"].set_index("snippet_id")["text"]
     snip["text"] = snip["snippet_id"].map(texts)
     inputs = {**sources, **lengths, "left_out": left_out}
@@ -402,7 +402,7 @@ def analyse(
         f"dataset test: {len(features)} features, {a.rounds} cross-fitting round(s), "
         f"{a.permutations} permutations"
     )
-    got = audit(design, a.permutations, a.seed, a.alpha, a.fdr, a.fdr_method)
+    got = audit(design, a.permutations, a.seed, a.alpha, a.fdr, a.fdr_method, a.file_rounds)
     test, rounds = got["test"], got["rounds"]
     is_sus = files["side"].to_numpy() == 1
     coefs = np.array([c for r in rounds for c in r.coefs])
@@ -542,19 +542,20 @@ def _weights(names: list[str], coefs: np.ndarray) -> dict:
 
 
 SCHEME = (
-    "split-conformal: in each cross-fitting round, a suspected file is ranked against one file "
+    "split-conformal: in a cross-fitting round, a suspected file is ranked against one file "
     "of each unseen source in its own held-out half, all scored by the model fitted on the "
     "other half, which trained on none of them: p = (1 + #{calibration scores >= the file's}) "
-    "/ (n + 1). The file's p-value is the largest over the rounds."
+    "/ (n + 1). The file's p-value is the largest over the first audit.file_rounds rounds."
 )
 GUARANTEE = {
     "bh": "Each p-value is valid: P(p <= t) <= t for a file the model did not train on, "
     "when its source is exchangeable with the unseen ones (proven: split-conformal, and the "
     "largest of valid p-values is valid). The p-values of one round and one half share one "
     "calibration set and one model, so they are PRDS and Benjamini-Hochberg controls the FDR "
-    "at the stated level among them (Bates et al. 2023); for the reported p-values (the "
-    "largest over rounds, pooled over both halves) PRDS is not proven, and the FDR is measured "
-    "by simulation (VALIDITY.md); audit.fdr_method=by controls it under any dependence.",
+    "at the stated level among them (Bates et al. 2023); for the reported p-values (pooled "
+    "over both halves, and the largest over rounds when audit.file_rounds > 1) PRDS is not "
+    "proven, and the FDR is measured by simulation (VALIDITY.md); audit.fdr_method=by "
+    "controls it under any dependence.",
     "by": "Each p-value is valid: P(p <= t) <= t for a file the model did not train on (proven: "
     "split-conformal, and the largest of valid p-values is valid); Benjamini-Yekutieli "
     "controls the FDR at the stated level under any dependence among them.",

@@ -217,3 +217,16 @@ def test_the_blind_check_sees_words_that_differ_and_not_words_that_do_not():
     got_same = permutation_test(_design(same, side, nonneg=False), 99, 0, 0.05)
     got_differ = permutation_test(_design(differ, side, nonneg=False), 99, 0, 0.05)
     assert not got_same["reject"] and got_differ["reject"] and got_differ["p_value"] == 0.01
+
+
+def test_audit_takes_per_file_p_values_from_the_first_file_rounds():
+    rng = np.random.default_rng(10)
+    _, F, side = _world(rng, 10, 30, shift=1.0, n_members=5)
+    design = _design(F, side, seeds=[0, 1, 2])
+    rounds = cross_fit(design)
+    for k in (1, 3):
+        got = audit(design, 19, 0, 0.05, 0.2, file_rounds=k)
+        assert got["pvalues"] == file_pvalues(design, rounds[:k], 0)
+    one = audit(design, 19, 0, 0.05, 0.2)["pvalues"]
+    three = audit(design, 19, 0, 0.05, 0.2, file_rounds=3)["pvalues"]
+    assert all(a[0] <= b[0] for a, b in zip(one, three, strict=True))  # the largest over more
