@@ -233,24 +233,24 @@ def check_counts(cfg: AuditJobConfig, n_suspected: int, n_unseen: int, unit: str
         if n < MIN_GROUPS_PER_SIDE:
             raise MiaError(
                 f"--{side} has {n} {unit}(s): the audit needs at least {MIN_GROUPS_PER_SIDE} "
-                f"suspected and {max(MIN_GROUPS_PER_SIDE, 2 * need)} unseen {unit}s (2 of each "
+                f"suspected and {max(MIN_GROUPS_PER_SIDE, 2 * need - 1)} unseen {unit}s (2 of each "
                 "in each cross-fitting half)"
             )
-    # A file is calibrated against the unseen sources of its own half: the smaller half.
-    n_cal = n_unseen // 2
-    if n_cal < need:
+    # A file is calibrated against the unseen sources of its own half: n // 2 or n - n // 2.
+    n_cal, n_max = n_unseen // 2, n_unseen - n_unseen // 2
+    if n_max < need:
         raise MiaError(
-            f"--unseen has {n_unseen} {unit}(s): a suspected file is ranked against the "
-            f"{n_cal} of them in its cross-fitting half, so its p-value is at least "
-            f"1/{n_cal + 1} = {1 / (n_cal + 1):.3f} > audit.fdr = {a.fdr:g} and no file could "
-            f"ever be flagged; give at least {2 * need} unseen {unit}s (or raise audit.fdr)"
+            f"--unseen has {n_unseen} {unit}(s): a suspected file is ranked against at most "
+            f"{n_max} of them (those in its cross-fitting half), so its p-value is at least "
+            f"1/{n_max + 1} = {1 / (n_max + 1):.3f} > audit.fdr = {a.fdr:g} and no file could "
+            f"ever be flagged; give at least {2 * need - 1} unseen {unit}s (or raise audit.fdr)"
         )
     if a.null_check and n_unseen < NULL_CHECK_MIN_UNSEEN:
         raise MiaError(
             f"--unseen has {n_unseen} {unit}(s): the null check (unseen vs unseen) needs at "
             f"least {NULL_CHECK_MIN_UNSEEN}; add files or set audit.null_check=false"
         )
-    min_p = 1 / (n_cal + 1)
+    min_p = 1 / (n_max + 1)
     return {
         "n_calibration": n_cal,
         "min_p_value": min_p,
@@ -643,8 +643,8 @@ def _notes(cfg: AuditJobConfig, r: dict) -> list[str]:
         )
         + ". Files that are not independent but not found so (chapters of one book with no "
         "shared text) must be named by data.group_field (--group-by): no check can see them.",
-        f"Per-file p-values: {pf['scheme']} {pf['guarantee']} With {pf['n_calibration']} "
-        f"calibration files the smallest p-value is 1/{pf['n_calibration'] + 1} = "
+        f"Per-file p-values: {pf['scheme']} {pf['guarantee']} With at least "
+        f"{pf['n_calibration']} calibration files in a half the smallest p-value is "
         f"{pf['min_p_value']:.4f}; at {pf['fdr']:.0%} FDR files can be flagged only when at "
         f"least {pf['min_flagged_together']} of the {d['n_suspected']} are flagged together.",
         "A file that is not flagged is not shown unseen: short files, or files the model saw "

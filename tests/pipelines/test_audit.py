@@ -237,9 +237,9 @@ def test_too_few_unseen_files_for_any_verdict_is_an_error(
     _fails(
         capsys,
         [*_base(audit_inputs, tmp_path), "--unseen", str(uns)],
-        "--unseen has 10 file(s): a suspected file is ranked against the 5 of them in its "
-        "cross-fitting half, so its p-value is at least 1/6 = 0.167 > audit.fdr = 0.05 and no "
-        "file could ever be flagged; give at least 38 unseen files (or raise audit.fdr)",
+        "--unseen has 10 file(s): a suspected file is ranked against at most 5 of them (those in "
+        "its cross-fitting half), so its p-value is at least 1/6 = 0.167 > audit.fdr = 0.05 and "
+        "no file could ever be flagged; give at least 37 unseen files (or raise audit.fdr)",
     )
     assert not (tmp_path / "out" / "rows").exists()  # stopped before any scoring
 
@@ -248,12 +248,16 @@ def test_check_counts_messages_and_what_the_calibration_allows():
     cfg = AuditJobConfig()
     with pytest.raises(MiaError, match=r"--suspected has 3 file\(s\): the audit needs at least 4 "):
         check_counts(cfg, 3, 40)
-    with pytest.raises(MiaError, match=r"--unseen has 3 source\(s\): .* and 38 unseen sources"):
+    with pytest.raises(MiaError, match=r"--unseen has 3 source\(s\): .* and 37 unseen sources"):
         check_counts(cfg, 10, 3, "source")
-    with pytest.raises(MiaError, match="ranked against the 15 of them.*give at least 38 unseen"):
+    with pytest.raises(MiaError, match="at most 15 of them .*give at least 37 unseen"):
         check_counts(cfg, 10, 30)
     got = check_counts(cfg, 66, 94)
     assert got == {"n_calibration": 47, "min_p_value": 1 / 48, "min_flagged_together": 28}
+    # 37 unseen: halves of 18 and 19; a file of the larger half can reach 1/20 = 0.05
+    assert check_counts(cfg, 10, 37)["min_p_value"] == 1 / 20
+    with pytest.raises(MiaError, match="at most 18 of them"):
+        check_counts(cfg, 10, 36)
     cfg.audit.fdr = 0.5
     with pytest.raises(MiaError, match="null check .* needs at least 8"):
         check_counts(cfg, 10, 5)
