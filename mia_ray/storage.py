@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from mia_ray.errors import MiaError
+from mia_ray.keys import listing_sha256, tree_sha256
+from mia_ray.log import log as _log
 
 COMPLETE = ".complete.json"  # written last into a staged folder: the folder is whole
 _PROBE_DIR = ".mia-ray-probe"
@@ -191,7 +193,7 @@ class Storage:
             data = path.read_bytes()
             entries.append((name, hashlib.sha256(data).hexdigest()))
             self.write_bytes(f"{rel}/{name}", data)
-        digest = hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+        digest = listing_sha256(entries)
         self.write_json(f"{rel}/{COMPLETE}", {**(meta or {}), "content_sha256": digest})
         return digest
 
@@ -353,8 +355,6 @@ class Workspace:
         local = Path(path).expanduser()
         if not local.is_dir():
             return path  # a hub name (or a typo the loader reports)
-        from mia_ray.models.identity import tree_sha256
-
         rel = f"inputs/{tree_sha256(local)[:32]}"
         store = self.storage
         if not store.complete(rel):
@@ -380,12 +380,6 @@ DRIVER_ONLY = ("report.json", "report.html", "config.yaml", "error.log", "previo
 
 def _skipped(name: str) -> bool:
     return name.split("/", 1)[0] in DRIVER_ONLY or name.endswith(".tmp")
-
-
-def _log(msg: str) -> None:
-    from mia_ray.pipelines.common import log
-
-    log(msg)
 
 
 _CURRENT: Workspace | None = None

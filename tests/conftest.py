@@ -100,3 +100,54 @@ def null_check_calibrated():
         assert ("The null check rejects" in r["verdict"]["text"]) == r["null_check"]["reject"]
 
     return check
+
+
+SNAPSHOTS = os.path.join(REPO, "tests", "snapshots")
+# Keys whose values change from run to run by nature (clock, host, paths): left out.
+_VOLATILE = ("created", "runtime", "timings", "seconds", "took", "elapsed", "per_s", "mb_s")
+
+
+def report_numbers(report, prefix: str = "") -> dict:
+    """Every number and flag of a report.json, flattened to ``{"a/b/0/c": value}``, without
+    the clock's (keys named in ``_VOLATILE``)."""
+    out = {}
+    items = report.items() if isinstance(report, dict) else enumerate(report)
+    for key, value in items:
+        path = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(key, str) and any(v in key.lower() for v in _VOLATILE):
+            continue
+        if isinstance(value, (dict, list)):
+            out.update(report_numbers(value, path))
+        elif isinstance(value, (bool, int, float)) or value is None:
+            out[path] = value
+    return out
+
+
+@pytest.fixture
+def report_snapshot():
+    """``check(report, name)``: the report's numbers are bit-for-bit those in
+    ``tests/snapshots/<name>.json``, taken before a refactoring (``MIA_RAY_SNAPSHOT=update``
+    writes it). A refactoring that changes a number fails here."""
+    import json
+    import math
+
+    def check(report, name: str) -> None:
+        path = os.path.join(SNAPSHOTS, f"{name}.json")
+        numbers = report_numbers(report)
+        if os.environ.get("MIA_RAY_SNAPSHOT") == "update":
+            os.makedirs(SNAPSHOTS, exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(numbers, f, indent=0, sort_keys=True)
+        with open(path) as f:
+            want = json.load(f)
+        def same(a, b) -> bool:
+            nan = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+            return a == b or nan
+
+        diff = {k: (want.get(k), numbers.get(k)) for k in set(want) | set(numbers)
+                if not same(want.get(k, "missing"), numbers.get(k, "missing"))}  # fmt: skip
+        assert not diff, (
+            f"{len(diff)} numbers differ from the snapshot: {dict(list(diff.items())[:10])}"
+        )
+
+    return check

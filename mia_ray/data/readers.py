@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mia_ray.errors import MiaError, find_mia_error
+from mia_ray.keys import visible_files
 
 ERROR_COL = "_error"
 FORMATS = ("auto", "text", "jsonl", "parquet")
@@ -96,7 +97,7 @@ def read_documents(
     if not root.exists():
         raise MiaError(f"data path not found: {path}")
     root = root.resolve()
-    fmt, base, files = _resolve(root, format)
+    fmt, base, files = resolve_inputs(root, format)
     rels = [rel for rel, _ in files]
     paths = [str(base / rel) for rel in rels]
     from mia_ray.storage import node_affinity
@@ -248,7 +249,7 @@ def attach_labels(
 # ---------------------------------------------------------------- driver-side checks
 
 
-def _resolve(root: Path, format: str) -> tuple[str, Path, list[tuple[str, int]]]:
+def resolve_inputs(root: Path, format: str) -> tuple[str, Path, list[tuple[str, int]]]:
     """Return ``(format, base directory, [(path relative to base, posix; size in bytes)])``."""
     if format not in FORMATS:
         raise MiaError(f"data format must be auto, text, jsonl or parquet, not {format!r}")
@@ -286,17 +287,6 @@ def _resolve(root: Path, format: str) -> tuple[str, Path, list[tuple[str, int]]]
             )
         return fmt, root, chosen
     return "text", root, files
-
-
-def visible_files(root: Path):
-    """Every regular file under ``root`` in a stable order, hidden files and folders left
-    out; yields ``(relative posix path, full path)``."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            full = Path(dirpath) / name
-            if not name.startswith(".") and full.is_file():
-                yield full.relative_to(root).as_posix(), full
 
 
 def _list_files(root: Path) -> list[tuple[str, int]]:

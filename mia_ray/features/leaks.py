@@ -35,6 +35,7 @@ import numpy as np
 from mia_ray.errors import MiaError
 from mia_ray.features.shingles import words_with_offsets
 
+CATEGORIES = ("pii", "copyright", "benchmark")  # what a leak is, in every report
 INSTANCE_WORDS = 64  # scan.instance_words' default, and what the world's smollm2-crawl trains on
 
 REFUSALS = (

@@ -54,7 +54,7 @@ def _hub_offline() -> str:
     return ""
 
 
-def _describe_load_failure(name: str, exc: Exception) -> str:
+def describe_load_failure(name: str, exc: Exception) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if Path(name).expanduser().exists():
         return f"model {name!r} does not load: {first[:300]}"
@@ -96,7 +96,7 @@ def load_tokenizer(
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except Exception as e:  # transformers raises OSError, ValueError, HFValidationError, ...
-        raise MiaError(_describe_load_failure(name_or_path, e)) from None
+        raise MiaError(describe_load_failure(name_or_path, e)) from None
     if not tok(_PROBE_TEXT, add_special_tokens=False)["input_ids"]:
         raise MiaError(
             f"model {name_or_path!r} has no usable tokenizer (its vocabulary has {len(tok)} "
@@ -137,7 +137,7 @@ def load_causal_lm(
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     except Exception as e:
-        raise MiaError(_describe_load_failure(name_or_path, e)) from None
+        raise MiaError(describe_load_failure(name_or_path, e)) from None
     model.to(dev).eval()
     return model, tok, dev
 
@@ -181,7 +181,7 @@ def is_vision_language(
     try:
         cfg = AutoConfig.from_pretrained(name_or_path, **kwargs)
     except Exception as e:
-        raise MiaError(_describe_load_failure(name_or_path, e)) from None
+        raise MiaError(describe_load_failure(name_or_path, e)) from None
     return getattr(cfg, "vision_config", None) is not None
 
 
@@ -217,7 +217,7 @@ def load_activation_model(
             name_or_path, dtype=pick_dtype(dtype, dev), **kwargs
         )
     except Exception as e:
-        raise MiaError(_describe_load_failure(name_or_path, e)) from None
+        raise MiaError(describe_load_failure(name_or_path, e)) from None
     tok = processor.tokenizer
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token

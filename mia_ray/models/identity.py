@@ -6,62 +6,20 @@ the hash of a file is remembered under ``$MIA_RAY_HOME/file-hashes`` keyed by it
 mtime and inode, so a folder is read in full once and then only when a file changes. A hub
 name is identified by its name and revision, and by the commit the local Hugging Face cache
 resolved that revision to when it holds one. The load options that change the numbers
-(dtype, device, GGUF file) are part of the key. No torch import here.
+(dtype and device as they resolve where the model runs, GGUF file) are part of the key:
+:func:`model_key` is the one key every pipeline uses. No torch import here.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from pathlib import Path
 from typing import Any
 
-_CHUNK = 1 << 22
+from mia_ray.keys import file_sha256, fingerprint, tree_sha256
 
-
-def _hash_cache_dir() -> Path:
-    home = Path(os.environ.get("MIA_RAY_HOME", "~/.cache/mia-ray")).expanduser()
-    return home / "file-hashes"
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes, remembered while its size, mtime and inode stay the same."""
-    p = Path(path).resolve()
-    st = p.stat()
-    stamp = f"{p}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
-    memo = _hash_cache_dir() / (hashlib.sha1(stamp.encode()).hexdigest() + ".sha256")
-    try:
-        cached = memo.read_text().strip()
-        if len(cached) == 64:
-            return cached
-    except OSError:
-        pass
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    digest = h.hexdigest()
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-        tmp.write_text(digest)
-        os.replace(tmp, memo)
-    except OSError:
-        pass  # a read-only home only costs a re-hash next time
-    return digest
-
-
-def tree_sha256(path: str | os.PathLike) -> str:
-    """Content hash of a file, or of every file under a folder (names and bytes; hidden
-    files and folders such as ``.cache`` are left out)."""
-    from mia_ray.data.readers import visible_files
-
-    root = Path(path).expanduser()
-    if root.is_file():
-        return file_sha256(root)
-    entries = [(rel, file_sha256(full)) for rel, full in visible_files(root)]
-    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+__all__ = [
+    "file_sha256", "tree_sha256", "weights_identity", "resolved_precision", "model_key",
+]  # fmt: skip
 
 
 def _hub_commit(name: str, revision: str) -> str:
@@ -80,19 +38,11 @@ def _hub_commit(name: str, revision: str) -> str:
         return ""
 
 
-def model_identity(
-    name_or_path: str,
-    revision: str = "",
-    gguf_file: str = "",
-    dtype: str = "auto",
-    device: str = "auto",
-    **options: Any,
-) -> dict[str, Any]:
-    """A JSON-able description of everything about a model that decides its scores:
-    ``content`` (a local folder's or file's sha256) or ``hub`` + ``revision`` + ``commit``,
-    the GGUF file, dtype, device, and any further ``options`` (e.g. an accelerator count
-    that turns ``dtype: auto`` into bfloat16)."""
-    ident: dict[str, Any] = {"gguf_file": gguf_file, "dtype": dtype, "device": device}
+def weights_identity(name_or_path: str, revision: str = "", gguf_file: str = "") -> dict[str, Any]:
+    """What a model's weights are: ``content`` (a local folder's or file's sha256), or ``hub``
+    + ``revision`` + ``commit`` (the commit the local HF cache resolved it to, when known);
+    and the GGUF file the weights load from."""
+    ident: dict[str, Any] = {"gguf_file": gguf_file}
     if not name_or_path:
         ident["model"] = ""
     elif Path(name_or_path).expanduser().exists():
@@ -101,25 +51,36 @@ def model_identity(
         ident["hub"] = name_or_path
         ident["revision"] = revision
         ident["commit"] = _hub_commit(name_or_path, revision)
-    ident.update(options)
     return ident
 
 
-def model_key(name_or_path: str, *args: Any, **kwargs: Any) -> str:
-    """A short hex key of :func:`model_identity` (same arguments): equal keys, equal numbers."""
-    ident = model_identity(name_or_path, *args, **kwargs)
-    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def resolved_precision(dtype: str, device: str, accelerator: bool) -> dict[str, str]:
+    """The device and dtype a model loads with (``models.hf.pick_device``/``pick_dtype``),
+    known before it loads: ``device: auto`` is cuda where the code that loads it has an
+    accelerator (a Ray actor sees a GPU only when it asked for one), else cpu; ``dtype: auto``
+    is float32 on a CPU and half precision on a GPU (bfloat16, or float16 on a GPU without
+    it: the driver cannot tell which, so both are "half" here)."""
+    dev = device if device != "auto" else ("cuda" if accelerator else "cpu")
+    if dtype != "auto":
+        return {"device": dev, "dtype": dtype}
+    return {"device": dev, "dtype": "half" if dev == "cuda" else "float32"}
 
 
-def model_cfg_key(model_cfg, name: str | None = None, **options: Any) -> str:
-    """:func:`model_key` of a job's ``model`` section; ``name`` picks another model of it (the
-    reference) that shares its dtype and device but not its revision or GGUF file."""
-    own = name is None or name == model_cfg.name_or_path
-    return model_key(
-        model_cfg.name_or_path if name is None else name,
-        model_cfg.revision if own else "",
-        model_cfg.gguf_file if own else "",
-        model_cfg.dtype,
-        model_cfg.device,
-        **options,
+def model_key(model_cfg: Any, accelerator: bool, name: str | None = None, **options: Any) -> str:
+    """The one cache key of a model's numbers: its weights by content
+    (:func:`weights_identity`), the device and dtype it resolves to where it runs
+    (:func:`resolved_precision`; ``accelerator``: whether that code has a GPU), and
+    ``options`` that change its numbers. ``model_cfg`` is any section with ``dtype`` and
+    ``device`` (and ``name_or_path``, ``revision``, ``gguf_file`` where it has them);
+    ``name`` picks another model of it (the reference, a fine-tune) that shares its dtype
+    and device but not its revision or GGUF file. Equal keys, equal numbers."""
+    own_name = getattr(model_cfg, "name_or_path", "")
+    own = name is None or name == own_name
+    ident = weights_identity(
+        own_name if name is None else name,
+        getattr(model_cfg, "revision", "") if own else "",
+        getattr(model_cfg, "gguf_file", "") if own else "",
     )
+    ident.update(resolved_precision(model_cfg.dtype, model_cfg.device, bool(accelerator)))
+    ident.update(options)
+    return fingerprint(ident)

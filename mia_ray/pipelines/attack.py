@@ -69,7 +69,7 @@ def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, 
     return mapper
 
 
-def _score_pool(
+def score_pool(
     snippets,
     model_cfg,
     res_cfg,
@@ -89,9 +89,9 @@ def _score_pool(
 def scorer_key(model_cfg, res_cfg, name: str | None = None) -> str:
     """Cache key of one Scorer's numbers: the model by content, dtype, device and whether a
     GPU turns ``dtype: auto`` into bfloat16 (see ``models.identity``)."""
-    from mia_ray.models.identity import model_cfg_key
+    from mia_ray.models.identity import model_key
 
-    return model_cfg_key(model_cfg, name, gpus=res_cfg.gpus_per_actor > 0)
+    return model_key(model_cfg, res_cfg.gpus_per_actor > 0, name)
 
 
 def crop_to_scored_span(
@@ -174,7 +174,7 @@ def score_attacks(
     rows_dir = out / "rows"
     t1 = time.time()
     log(f"scoring with target {cfg.model.name_or_path} on {cfg.resources.scorer_actors} actor(s)")
-    tgt = _score_pool(
+    tgt = score_pool(
         scored,
         cfg.model,
         cfg.resources,
@@ -188,7 +188,7 @@ def score_attacks(
     merged = snip_meta.merge(tgt, on="snippet_id", how="inner", validate="one_to_one")
     if "ref" in attacks:
         log(f"scoring with reference {cfg.model.reference}")
-        ref = _score_pool(
+        ref = score_pool(
             scored,
             cfg.model,
             cfg.resources,

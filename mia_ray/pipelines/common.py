@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mia_ray.errors import MiaError
+from mia_ray.keys import fingerprint
+from mia_ray.log import log, note
+
+__all__ = ["fingerprint", "log", "note"]  # the pipelines' wiring imports them from here
 
 PART_ROWS = 512  # result rows per part file: the granularity of resuming
 BLOCK_ROWS = 64  # rows per input block: results (and progress) arrive at least this often
-
-
-def log(msg: str) -> None:
-    print(f"[mia-ray {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _note(msg: str) -> None:
-    log(f"note: {msg}")
-
-
-def fingerprint(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def resolve_world(cfg) -> None:
@@ -55,7 +45,7 @@ def check_model_early(
         return
     from transformers import AutoConfig
 
-    from mia_ray.models.hf import _describe_load_failure, load_tokenizer
+    from mia_ray.models.hf import describe_load_failure, load_tokenizer
 
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if revision:
@@ -65,7 +55,7 @@ def check_model_early(
     try:
         AutoConfig.from_pretrained(name, **kwargs)
     except Exception as e:
-        raise MiaError(f"{what}: " + _describe_load_failure(name, e)) from None
+        raise MiaError(f"{what}: " + describe_load_failure(name, e)) from None
     try:
         load_tokenizer(name, revision, trust_remote_code, gguf_file)
     except MiaError as e:
@@ -123,10 +113,10 @@ def labelled_documents(data_cfg):
         id_field=data_cfg.id_field,
         label_field=data_cfg.label_field,
         date_field=data_cfg.date_field,
-        note=_note,
+        note=note,
     )
     if data_cfg.labels:
-        ds = attach_labels(ds, load_manifest(data_cfg.labels), data_cfg.unlabelled, note=_note)
+        ds = attach_labels(ds, load_manifest(data_cfg.labels), data_cfg.unlabelled, note=note)
     if "label" not in ds.columns():
         raise MiaError(
             f"no membership labels: {data_cfg.path} has no '{data_cfg.label_field}' field and "

@@ -148,12 +148,12 @@ def finetune_jobs(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFr
     content with its dtype and device, and the data-parallel worker count (steps, BLoB's pi)."""
     from dataclasses import asdict
 
-    from mia_ray.models.identity import model_cfg_key
+    from mia_ray.models.identity import model_key
     from mia_ray.reports.io import write_parquet
     from mia_ray.train.copycheck import member_seed
 
     uc = cfg.uncertainty
-    base_key = model_cfg_key(cfg.model, accelerator=uc.train_gpus > 0)
+    base_key = model_key(cfg.model, uc.train_gpus > 0)
     jobs = []
     for e in exps:
         part = snippets[snippets["doc_id"].isin(e["pseudo_label"].keys())].copy()
@@ -303,7 +303,7 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
 
 
 def _blackbox_spec(cfg: CopyCheckJobConfig, out: Path) -> dict[str, Any]:
-    from mia_ray.models.identity import model_cfg_key
+    from mia_ray.models.identity import model_key
 
     b = cfg.backend
     # A local or served model is ours to identify by content; a remote API's is not. `serve`
@@ -311,9 +311,9 @@ def _blackbox_spec(cfg: CopyCheckJobConfig, out: Path) -> dict[str, Any]:
     accel = cfg.uncertainty.gpus_per_actor > 0
     key = ""
     if b.serve:
-        key = model_cfg_key(cfg.model, accelerator=accel)
+        key = model_key(cfg.model, accel)
     elif b.kind == "local":
-        key = model_cfg_key(cfg.model, b.model or None, accelerator=accel)
+        key = model_key(cfg.model, accel, b.model or None)
     return {
         **to_dict(b),
         "model": b.model or cfg.model.name_or_path,
@@ -526,8 +526,8 @@ def _score_target(
     ``scored``: rows the caller already scored with this very ``cfg.model`` (text plus the
     Scorer's columns, token statistics included); snippets with one of those texts are not
     scored again, so a pass over the same snippets is the only one."""
-    from mia_ray.models.identity import model_cfg_key
-    from mia_ray.pipelines.attack import _score_pool
+    from mia_ray.models.identity import model_key
+    from mia_ray.pipelines.attack import score_pool
 
     rows = rows[["snippet_id", "text"]].reset_index(drop=True)
     known = pd.DataFrame()
@@ -542,10 +542,10 @@ def _score_target(
         if not len(rows):
             return known.reset_index(drop=True)
     # Keyed on the target by content (weights, tokenizer), dtype, device and the options.
-    key = model_cfg_key(cfg.model, accelerator=cfg.resources.gpus_per_actor > 0)
+    key = model_key(cfg.model, cfg.resources.gpus_per_actor > 0)
     fp = fingerprint(_text_fp(rows), key, cfg.model.max_length, token_stats)
-    # (_score_pool stages the target for Scorer actors on any node; the key is its content.)
-    new = _score_pool(
+    # (score_pool stages the target for Scorer actors on any node; the key is its content.)
+    new = score_pool(
         rows, cfg.model, cfg.resources, cfg.model.name_or_path, "", False, token_stats, out_dir, fp
     )
     return pd.concat([known, new], ignore_index=True) if len(known) else new

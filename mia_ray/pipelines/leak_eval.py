@@ -30,8 +30,9 @@ import pandas as pd
 
 from mia_ray.config import LeakageJobConfig, to_dict
 from mia_ray.errors import MiaError
+from mia_ray.features.leaks import CATEGORIES
 from mia_ray.pipelines.common import fingerprint, log
-from mia_ray.pipelines.leakage import CATEGORIES, wilson
+from mia_ray.stats.metrics import wilson_interval
 
 METHODS = ("self_detection", "loss", "zlib", "min_k", "majority_vote")
 # Bumped when a model's rows mean something else for the same inputs (2: the output rate
@@ -49,14 +50,11 @@ def target_key(cfg: LeakageJobConfig, path: str) -> str:
     b = cfg.backend
     if b.kind == "openai" and not b.serve:
         return fingerprint("api", b.base_url.rstrip("/"), path)
-    device = b.device
     if b.serve:  # the server runs in this process
         from mia_ray.models.hf import pick_device
 
-        device = pick_device(b.device)
-    elif device == "auto":  # Ray shows an actor a GPU only when it asked for one
-        device = "cuda" if cfg.resources.gpus_per_actor > 0 else "cpu"
-    return model_key(path, dtype=b.dtype, device=device)
+        return model_key(b, pick_device(b.device) == "cuda", path)
+    return model_key(b, cfg.resources.gpus_per_actor > 0, path)
 
 
 def resolve_target(cfg: LeakageJobConfig, name: str) -> str:
@@ -236,7 +234,7 @@ def _model_rows(cfg: LeakageJobConfig, actor, inst: pd.DataFrame) -> dict[str, p
 
 
 def _rate(k: int, n: int, ci: float) -> dict[str, Any]:
-    return {"rate": k / n if n else None, "ci": wilson(k, n, ci), "n": n, "k": k}
+    return {"rate": k / n if n else None, "ci": list(wilson_interval(k, n, ci)), "n": n, "k": k}
 
 
 def summarize(cfg: LeakageJobConfig, rows: dict[str, pd.DataFrame]) -> dict[str, Any]:

@@ -19,12 +19,12 @@ import pandas as pd
 
 from mia_ray.config import LeakageJobConfig, to_dict
 from mia_ray.errors import MiaError
+from mia_ray.features.leaks import CATEGORIES
 from mia_ray.models.identity import tree_sha256
 from mia_ray.pipelines.common import fingerprint, log
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
 
-CATEGORIES = ("pii", "copyright", "benchmark")
 # Bumped when a scanned shard's rows change shape or meaning (2: the ``words`` column), so a
 # rerun rescans rather than read rows of another format.
 SCAN_FORMAT = 2
@@ -385,15 +385,10 @@ def _findings(docs: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------------------ rates
 
 
-def wilson(k: int, n: int, ci: float) -> list[float]:
-    """Wilson interval of k/n as report.json lists it (exact 0 at k = 0, 1 at k = n)."""
+def _rate(k: int, n: int, ci: float) -> dict[str, Any]:
     from mia_ray.stats.metrics import wilson_interval
 
-    return list(wilson_interval(k, n, ci))
-
-
-def _rate(k: int, n: int, ci: float) -> dict[str, Any]:
-    return {"rate": k / n if n else 0.0, "ci": wilson(k, n, ci), "documents": k}
+    return {"rate": k / n if n else 0.0, "ci": list(wilson_interval(k, n, ci)), "documents": k}
 
 
 def _rates(
@@ -405,6 +400,8 @@ def _rates(
     in: a text of fewer words than the span holds no window (the paper leaves texts under
     300 words out). ``raw_rate`` divides by every document, as before; for PII the two agree.
     """
+    from mia_ray.stats.metrics import wilson_interval
+
     spans = spans or {}
     n = len(docs)
     hit = {c: set(zip(*[found.loc[found["category"] == c, k] for k in ("shard", "doc_id")], strict=True)) for c in CATEGORIES}  # fmt: skip
@@ -418,7 +415,7 @@ def _rates(
             "eligible": eligible,
             "min_words": spans.get(c, 0),
             "raw_rate": k / len(d) if len(d) else 0.0,
-            "raw_ci": wilson(k, len(d), ci),
+            "raw_ci": list(wilson_interval(k, len(d), ci)),
         }
 
     out: dict[str, Any] = {"documents": n}

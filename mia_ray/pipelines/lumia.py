@@ -39,10 +39,10 @@ FPR = 0.01  # the report's TPR@FPR point (the paper reports AUC only)
 
 def _image_paths(data_cfg, ids: set[str]) -> dict[str, str]:
     """doc_id -> absolute image path, from the jsonl/parquet records' ``image_field``."""
-    from mia_ray.data.readers import _resolve
+    from mia_ray.data.readers import resolve_inputs
 
     root = Path(data_cfg.path).expanduser().resolve()
-    fmt, base, files = _resolve(root, data_cfg.format)
+    fmt, base, files = resolve_inputs(root, data_cfg.format)
     if fmt == "text":
         raise MiaError(
             "a vision-language model needs jsonl or parquet records with an image path "
@@ -284,7 +284,7 @@ def _baselines(
     """The classic attacks on the same samples and folds: the target's token statistics from
     the activation pass (``parts``), the reference model's loss from its own Scorer pass."""
     from mia_ray.features.attacks import score_table, stats_from_columns
-    from mia_ray.pipelines.attack import _score_pool, scorer_key
+    from mia_ray.pipelines.attack import score_pool, scorer_key
 
     attacks = _baseline_attacks(cfg)
     if not attacks:
@@ -302,7 +302,7 @@ def _baselines(
             cfg.model.max_length,
             scorer_key(cfg.model, cfg.resources, cfg.model.reference),
         )
-        ref = _score_pool(
+        ref = score_pool(
             texts, cfg.model, cfg.resources, cfg.model.reference, "ref_", False, False,
             out / "rows" / "reference", fp,
         )  # fmt: skip

@@ -44,7 +44,8 @@ import pandas as pd
 from mia_ray import storage
 from mia_ray.config import MemHunterJobConfig, to_dict
 from mia_ray.errors import MiaError
-from mia_ray.models.identity import file_sha256, model_cfg_key, model_key, tree_sha256
+from mia_ray.keys import file_sha256, listing_sha256
+from mia_ray.models.identity import model_key, tree_sha256
 from mia_ray.pipelines.common import (
     check_model_early,
     check_target_early,
@@ -62,13 +63,19 @@ _SCORING = "context=bos+prompt+x; mu=LCSS/|y| on tokens; loss=mean NLL of y; v2"
 
 
 def _target_key(cfg: MemHunterJobConfig, path: str | None = None) -> str:
-    """A model the target pool loads (the target, or ``path``), by content, with the job's
-    dtype and device."""
-    return model_cfg_key(cfg.model, path)
+    """A model the target pool loads (the target, or ``path``), by content, with the dtype
+    and device it resolves to in the pool's actors."""
+    return model_key(cfg.model, cfg.resources.gpus_per_actor > 0, path)
 
 
 def _hunter_key(cfg: MemHunterJobConfig) -> str:
-    return model_key(cfg.hunter.model, device=cfg.model.device)
+    """The hunter LM, loaded in the driver with the target's device and ``dtype: auto``."""
+    from types import SimpleNamespace
+
+    from mia_ray.models.hf import pick_device
+
+    loads = SimpleNamespace(name_or_path=cfg.hunter.model, dtype="auto", device=cfg.model.device)
+    return model_key(loads, pick_device(cfg.model.device) == "cuda")
 
 
 def _adapter_key(adapter: str) -> str:
@@ -600,12 +607,16 @@ def _finetune_key(cfg, which: str, texts: list[str], base: str | None = None) ->
     recipe, the seed and the documents. ``base``: where the base model is, when not where
     ``dataset_test.base`` names it (a sweep cell's copy on its node)."""
     from dataclasses import asdict
+    from types import SimpleNamespace
 
     d = cfg.dataset_test
     base = base or _named_model(cfg, d.base)
     if base is None:
         raise MiaError(f"dataset_test.base cannot be {d.base}: fine-tune an existing model")
-    return fingerprint(which, model_key(base), asdict(_finetune_spec(d.finetune_epochs,
+    # The fine-tune trains in float32 in a task with hunter.train_gpus: its device is part
+    # of what it gives (a GPU's kernels round otherwise).
+    trains = SimpleNamespace(dtype="float32", device="auto")
+    return fingerprint(which, model_key(trains, cfg.hunter.train_gpus > 0, base), asdict(_finetune_spec(d.finetune_epochs,
                        d.finetune_lr)), d.finetune_seed, texts)  # fmt: skip
 
 
@@ -1115,11 +1126,8 @@ def _stage_input(path: str) -> tuple[str, str]:
     p = Path(path).expanduser()
     if not p.is_file():
         return ws.stage(path), ""
-    import hashlib
-    import json
-
     # The hash tree_sha256 gives the folder holding just this file (and put_dir its marker).
-    digest = hashlib.sha256(json.dumps([[p.name, file_sha256(p)]]).encode()).hexdigest()
+    digest = listing_sha256([(p.name, file_sha256(p))])
     rel, store = f"inputs/{digest[:32]}", ws.storage
     if not store.complete(rel):
         with tempfile.TemporaryDirectory() as tmp:

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from mia_ray.reports.html import (
-    _new_figure,
-    _png,
     definition_list,
     fmt_num,
     img_html,
     list_html,
+    new_figure,
     page,
     paragraph,
+    png,
     table_html,
 )
 from mia_ray.reports.io import write_text
@@ -59,7 +59,7 @@ def _score_figure(r: Mapping[str, Any]) -> bytes:
     flagged = np.array([f["verdict"] == "trained" for f in r["files"]])
     uns = np.array([f["score"] for f in r.get("unseen_files", [])])
     pv = np.array([f["p_value"] for f in r["files"]])
-    fig, (ax1, ax2) = _new_figure(10, 3.6, ncols=2)
+    fig, (ax1, ax2) = new_figure(10, 3.6, ncols=2)
     bins = np.histogram_bin_edges(np.concatenate([sus, uns]) if uns.size else sus, bins=20)
     if uns.size:
         ax1.hist(uns, bins=bins, alpha=0.6, label=f"unseen ({uns.size})", color="#888888")
@@ -73,18 +73,18 @@ def _score_figure(r: Mapping[str, Any]) -> bytes:
     ax2.set_xlabel("per-file p-value")
     ax2.set_ylabel("suspected files")
     ax2.set_title("p-values (uniform if none was trained on)")
-    return _png(fig)
+    return png(fig)
 
 
 def _weights_figure(feat: Mapping[str, Any]) -> bytes:
     names, mean, sd = feat["names"], feat["weights_mean"], feat["weights_sd"]
-    fig, (ax,) = _new_figure(7, 0.3 * len(names) + 1.2)
+    fig, (ax,) = new_figure(7, 0.3 * len(names) + 1.2)
     ax.barh(range(len(names)), mean, xerr=sd, color="#4c72b0")
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()
     ax.axvline(0, color="black", lw=0.8)
     ax.set_xlabel("weight (>= 0) on the standardized feature (mean ± sd over fits)")
-    return _png(fig)
+    return png(fig)
 
 
 def render_audit_report(report: Mapping[str, Any], out_path: str | os.PathLike) -> Path:

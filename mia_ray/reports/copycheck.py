@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 
 from mia_ray.reports.html import (
-    _new_figure,
-    _png,
     definition_list,
     fmt_num,
     img_html,
     list_html,
+    new_figure,
     page,
     paragraph,
+    png,
     table_html,
 )
 from mia_ray.reports.io import write_text
@@ -52,7 +52,7 @@ def violin_figure(snip: pd.DataFrame, samplers: list[str]) -> bytes | None:
     if snip.empty or snip["truth"].isna().all():
         return None
     exps = list(dict.fromkeys(snip["experiment"]))
-    fig, axes = _new_figure(3.2 * len(samplers), 2.6 + 0.0 * len(exps), ncols=len(samplers))
+    fig, axes = new_figure(3.2 * len(samplers), 2.6 + 0.0 * len(exps), ncols=len(samplers))
     for ax, s in zip(axes, samplers, strict=True):
         col = f"{s}.aleatoric"
         pos, data, colors = [], [], []
@@ -80,7 +80,7 @@ def violin_figure(snip: pd.DataFrame, samplers: list[str]) -> bytes | None:
     axes[0].scatter([], [], color="#1f77b4", label="seen")
     axes[0].scatter([], [], color="#d62728", label="unseen")
     axes[0].legend(loc="upper left", fontsize=8)
-    return _png(fig)
+    return png(fig)
 
 
 def render_copycheck_report(

@@ -65,7 +65,7 @@ footer { color: #57606a; font-size: .85rem; margin-top: 3rem; }
 # ------------------------------------------------------------------------------ formatting
 
 
-def _is_missing(x: Any) -> bool:
+def is_missing(x: Any) -> bool:
     if x is None:
         return True
     return isinstance(x, numbers.Real) and not isinstance(x, numbers.Integral) and math.isnan(x)
@@ -73,7 +73,7 @@ def _is_missing(x: Any) -> bool:
 
 def fmt_num(x: Any, digits: int = 3) -> str:
     """``0.81234`` → ``"0.812"``; None/NaN → ``"—"``; integers and other values as ``str``."""
-    if _is_missing(x):
+    if is_missing(x):
         return MISSING
     if isinstance(x, (bool, numbers.Integral)) or not isinstance(x, numbers.Real):
         return str(x)
@@ -82,19 +82,19 @@ def fmt_num(x: Any, digits: int = 3) -> str:
 
 def fmt_ci(ci: Sequence[Any] | None, digits: int = 3) -> str:
     """``[0.78, 0.84]`` → ``"[0.780, 0.840]"``; missing or incomplete → ``""``."""
-    if ci is None or len(ci) != 2 or any(_is_missing(v) for v in ci):
+    if ci is None or len(ci) != 2 or any(is_missing(v) for v in ci):
         return ""
     return f"[{float(ci[0]):.{digits}f}, {float(ci[1]):.{digits}f}]"
 
 
 def fmt_pct(x: Any, digits: int = 1) -> str:
     """A fraction as a percentage: ``0.0525`` → ``"5.2%"``."""
-    return MISSING if _is_missing(x) else f"{100 * float(x):.{digits}f}%"
+    return MISSING if is_missing(x) else f"{100 * float(x):.{digits}f}%"
 
 
 def fmt_pct_ci(ci: Sequence[Any] | None, digits: int = 1) -> str:
     """A fraction interval in percent: ``[0.01, 0.09]`` → ``"[1.0, 9.0]"``."""
-    if ci is None or len(ci) != 2 or any(_is_missing(v) for v in ci):
+    if ci is None or len(ci) != 2 or any(is_missing(v) for v in ci):
         return ""
     return f"[{100 * float(ci[0]):.{digits}f}, {100 * float(ci[1]):.{digits}f}]"
 
@@ -126,7 +126,7 @@ def list_html(items: Iterable[Any]) -> str:
 def definition_list(pairs: Mapping[str, Any]) -> str:
     """Key/value pairs as a two-column list; nested values are shown as their ``str``."""
     body = "".join(
-        f"<dt>{escape(str(k))}</dt><dd>{escape(MISSING if _is_missing(v) else str(v))}</dd>"
+        f"<dt>{escape(str(k))}</dt><dd>{escape(MISSING if is_missing(v) else str(v))}</dd>"
         for k, v in pairs.items()
     )
     return f"<dl>{body}</dl>"
@@ -187,7 +187,7 @@ def page(title: str, sections: Iterable[tuple[str, str]], subtitle: str = "") ->
 # ------------------------------------------------------------------------------------- plots
 
 
-def _new_figure(width: float, height: float, ncols: int = 1):
+def new_figure(width: float, height: float, ncols: int = 1):
     # A bare Figure with an Agg canvas: no pyplot, so no global state and no GUI backend.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -197,7 +197,7 @@ def _new_figure(width: float, height: float, ncols: int = 1):
     return fig, fig.subplots(1, ncols, squeeze=False)[0]
 
 
-def _png(fig, dpi: int = 110) -> bytes:
+def png(fig, dpi: int = 110) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
@@ -224,8 +224,8 @@ def roc_figure(
     where a membership claim about a few documents is decided.
     """
     marked = set(highlight)
-    fig, (lin, log) = _new_figure(11, 4.6, ncols=2)
-    colors = _palette(sum(1 for k in curves if k not in marked))
+    fig, (lin, log) = new_figure(11, 4.6, ncols=2)
+    colors = palette(sum(1 for k in curves if k not in marked))
     smallest = 1.0
     ci = 0
     for label, curve in curves.items():
@@ -257,10 +257,10 @@ def roc_figure(
     log.set_ylim(lo, 1)
     log.set_title(f"{title} (log-log)")
     log.legend(loc="lower right", fontsize="small", framealpha=0.9)
-    return _png(fig)
+    return png(fig)
 
 
-def _palette(n: int) -> list:
+def palette(n: int) -> list:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10" if n <= 10 else "tab20"]
@@ -307,24 +307,24 @@ def _metric_row(name: str, m: Mapping[str, Any], fprs: list[str], blind_auc: Any
     row = [name, _with_ci(fmt_num(m.get("auc")), fmt_ci(m.get("auc_ci")))]
     if blind_auc is not None:
         auc = m.get("auc")
-        row.append(MISSING if _is_missing(auc) else f"{float(auc) - float(blind_auc):+.3f}")
+        row.append(MISSING if is_missing(auc) else f"{float(auc) - float(blind_auc):+.3f}")
     row += [_with_ci(fmt_pct(tprs.get(k)), fmt_pct_ci(tpr_cis.get(k))) for k in fprs]
     row += [fmt_num(m.get("balanced_accuracy")), fmt_num(m.get("accuracy"))]
     return row
 
 
 def _verdict(metrics: Mapping[str, Mapping[str, Any]], blind: Mapping[str, Any] | None) -> str:
-    scored = {k: m for k, m in metrics.items() if not _is_missing(m.get("auc"))}
+    scored = {k: m for k, m in metrics.items() if not is_missing(m.get("auc"))}
     if not scored:
         return "No attack produced an AUC."
     best, m = max(scored.items(), key=lambda kv: float(kv[1]["auc"]))
     text = f"Best attack by AUC: {best}, {fmt_num(m['auc'])} {fmt_ci(m.get('auc_ci'))}".rstrip()
-    if not blind or _is_missing(blind.get("auc")):
+    if not blind or is_missing(blind.get("auc")):
         return text + ". No blind baseline was computed, so this number cannot be judged alone."
     b_auc = float(blind["auc"])
     text += f"; blind baseline {fmt_num(b_auc)} {fmt_ci(blind.get('auc_ci'))}".rstrip()
     ci = m.get("auc_ci")
-    if ci and len(ci) == 2 and not _is_missing(ci[0]) and float(ci[0]) > b_auc:
+    if ci and len(ci) == 2 and not is_missing(ci[0]) and float(ci[0]) > b_auc:
         return (
             text + ". Its confidence interval lies above the blind baseline's AUC: the model "
             "carries membership signal beyond how the two sets differ as texts."
@@ -363,7 +363,7 @@ def render_attack_report(report: Mapping[str, Any], out_path: str | os.PathLike)
     sections: list[tuple[str, str]] = [("", f'<div class="howto">{paragraph(HOW_TO_READ)}</div>')]
 
     fprs = _fpr_keys([*metrics.values(), *([blind] if blind else [])])
-    blind_auc = None if not blind or _is_missing(blind.get("auc")) else blind["auc"]
+    blind_auc = None if not blind or is_missing(blind.get("auc")) else blind["auc"]
     columns = [
         "attack",
         f"AUC [{ci_level * 100:g}% CI]",

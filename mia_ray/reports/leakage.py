@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from mia_ray.reports.html import (
-    _new_figure,
-    _png,
     fmt_pct,
     fmt_pct_ci,
     img_html,
     list_html,
+    new_figure,
     page,
     paragraph,
+    png,
     table_html,
 )
 from mia_ray.reports.io import write_json, write_text
@@ -46,7 +46,7 @@ LABELS = {"pii": "personal information", "copyright": "copyrighted text", "bench
 
 def rates_figure(rates: Mapping[str, Mapping[str, Any]]) -> bytes:
     """Leakage rate per category with its interval."""
-    fig, axes = _new_figure(5.6, 3.0)
+    fig, axes = new_figure(5.6, 3.0)
     ax = axes[0]
     names = list(rates)
     vals = [rates[n]["rate"] for n in names]
@@ -59,7 +59,7 @@ def rates_figure(rates: Mapping[str, Mapping[str, Any]]) -> bytes:
     ax.set_ylabel("share of documents")
     ax.set_ylim(0, 1)
     ax.set_title("Leakage rate")
-    return _png(fig)
+    return png(fig)
 
 
 METHOD_LABELS = {
@@ -71,7 +71,7 @@ METHOD_LABELS = {
 def few_shot_figure(models: Mapping[str, Mapping[str, Any]]) -> bytes:
     """Self-detection accuracy against the number of few-shot examples (the paper's Figure 2),
     one line per category and model."""
-    fig, axes = _new_figure(5.6, 3.2)
+    fig, axes = new_figure(5.6, 3.2)
     ax = axes[0]
     for mi, (name, m) in enumerate(models.items()):
         for c in LABELS:
@@ -87,7 +87,7 @@ def few_shot_figure(models: Mapping[str, Mapping[str, Any]]) -> bytes:
     ax.set_ylim(0, 1)
     ax.set_title("Self-detection and the number of examples")
     ax.legend(fontsize=6)
-    return _png(fig)
+    return png(fig)
 
 
 def _model_sections(report: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -17,17 +17,17 @@ from typing import Any
 from mia_ray.reports.html import (
     MISSING,
     NGRAM_EXPLAINED,
-    _is_missing,
-    _new_figure,
-    _palette,
-    _png,
     definition_list,
     fmt_num,
     fmt_pct,
     img_html,
+    is_missing,
     list_html,
+    new_figure,
     page,
+    palette,
     paragraph,
+    png,
     table_html,
 )
 from mia_ray.reports.io import write_text
@@ -74,7 +74,7 @@ COMPARISON_COLUMNS = [
 
 def _float(x: Any) -> float:
     """A number as float; None, NaN, strings and the like as NaN."""
-    if _is_missing(x):
+    if is_missing(x):
         return math.nan
     try:
         return float(x)
@@ -98,20 +98,20 @@ def _parts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _fmt_auc(mean: Any, std: Any) -> str:
-    if _is_missing(mean):
+    if is_missing(mean):
         return MISSING
-    return fmt_num(mean) if _is_missing(std) else f"{fmt_num(mean)} ± {fmt_num(std)}"
+    return fmt_num(mean) if is_missing(std) else f"{fmt_num(mean)} ± {fmt_num(std)}"
 
 
 def _fmt_tpr(tpr: Any, std: Any = None) -> str:
-    if _is_missing(tpr):
+    if is_missing(tpr):
         return MISSING
-    return fmt_pct(tpr) if _is_missing(std) else f"{fmt_pct(tpr)} ± {100 * float(std):.1f}"
+    return fmt_pct(tpr) if is_missing(std) else f"{fmt_pct(tpr)} ± {100 * float(std):.1f}"
 
 
 def fmt_improvement(pct: Any) -> str:
     """``5.5555`` → ``"5.56%"`` (the paper's Table 1 style); missing → ``"—"``."""
-    return MISSING if _is_missing(pct) else f"{float(pct):.2f}%"
+    return MISSING if is_missing(pct) else f"{float(pct):.2f}%"
 
 
 def _best_of(rows: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -148,8 +148,8 @@ def layer_figure(layers_rows: Any, title: str = "AUC by layer") -> bytes | None:
 
     parts = _parts(rows)
     probes = list(dict.fromkeys(str(r.get("probe", "probe")) for r in rows))
-    colors = dict(zip(probes, _palette(len(probes)), strict=False))
-    fig, axes = _new_figure(max(5.5, 5.2 * len(parts)), 3.8, ncols=len(parts))
+    colors = dict(zip(probes, palette(len(probes)), strict=False))
+    fig, axes = new_figure(max(5.5, 5.2 * len(parts)), 3.8, ncols=len(parts))
     lo, hi = CHANCE_AUC, SUCCESS_AUC
     for ax, part in zip(axes, parts, strict=True):
         in_part = [r for r in rows if str(r.get("part", "text")) == part]
@@ -194,7 +194,7 @@ def layer_figure(layers_rows: Any, title: str = "AUC by layer") -> bytes | None:
         ax.legend(loc="best", fontsize="small", framealpha=0.9)
     for ax in axes:
         ax.set_ylim(max(0.0, lo - 0.03), min(1.02, hi + 0.03))
-    return _png(fig)
+    return png(fig)
 
 
 # ------------------------------------------------------------------------------------ page
@@ -226,7 +226,7 @@ def _comparison_rows(
 
     def row(name: str, method_auc: Any, std: Any, tpr: Any, lumia_auc: Any, pct: Any) -> list:
         m, lu = _float(method_auc), _float(lumia_auc)
-        if _is_missing(pct) and math.isfinite(m) and math.isfinite(lu) and m > 0:
+        if is_missing(pct) and math.isfinite(m) and math.isfinite(lu) and m > 0:
             pct = (lu - m) / m * 100
         diff = f"{lu - m:+.3f}" if math.isfinite(m) and math.isfinite(lu) else MISSING
         return [

@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from mia_ray.reports.html import (
-    _new_figure,
-    _palette,
-    _png,
     fmt_num,
     fmt_pct,
     img_html,
     list_html,
+    new_figure,
     page,
+    palette,
     paragraph,
+    png,
     table_html,
 )
 from mia_ray.reports.io import write_text
@@ -41,17 +41,17 @@ def lcss_histogram(values: Mapping[str, Sequence[float]]) -> bytes | None:
     items = [(k, [float(v) for v in vs]) for k, vs in values.items() if len(vs)]
     if not items:
         return None
-    fig, axes = _new_figure(6.4, 3.4)
+    fig, axes = new_figure(6.4, 3.4)
     ax = axes[0]
     bins = [i / 20 for i in range(21)]
-    for (name, vs), color in zip(items, _palette(len(items)), strict=True):
+    for (name, vs), color in zip(items, palette(len(items)), strict=True):
         ax.hist(vs, bins=bins, histtype="step", linewidth=1.6, color=color, label=name)
     ax.set_xlabel("mu = LCSS / |y| (best over the method's trials)")
     ax.set_ylabel("samples")
     ax.set_xlim(0, 1)
     ax.legend(fontsize=8)
     ax.set_title("Held-out member samples (test split)")
-    return _png(fig)
+    return png(fig)
 
 
 def _extraction_table(rows: Sequence[Mapping[str, Any]], split: str) -> str:

@@ -25,15 +25,15 @@ import numpy as np
 from scipy import stats
 
 from mia_ray.errors import MiaError
-from mia_ray.stats.hypothesis import _values, _welch
+from mia_ray.stats.hypothesis import finite_values, welch_t
 
 
 def welch_greater(a, b) -> dict:
     """One-sided Welch t-test of H0 E[a] <= E[b] against E[a] > E[b] for two samples (n_a,),
     (n_b,), each of at least 2 values: ``{statistic, df, p_value, effect_size}``, where the
     effect size is Cohen's d with the pooled standard deviation."""
-    x, y = _values(a, "first sample"), _values(b, "second sample")
-    t, _, df = _welch(x, y)
+    x, y = finite_values(a, "first sample"), finite_values(b, "second sample")
+    t, _, df = welch_t(x, y)
     return {
         "statistic": float(t),
         "df": float(df),
@@ -44,7 +44,7 @@ def welch_greater(a, b) -> dict:
 
 def cohens_d(a, b) -> float:
     """(mean(a) - mean(b)) / pooled standard deviation (ddof=1); 0 when both are constant."""
-    x, y = _values(a, "first sample"), _values(b, "second sample")
+    x, y = finite_values(a, "first sample"), finite_values(b, "second sample")
     pooled = ((x.size - 1) * x.var(ddof=1) + (y.size - 1) * y.var(ddof=1)) / (x.size + y.size - 2)
     if pooled == 0:
         return 0.0

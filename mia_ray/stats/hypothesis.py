@@ -33,7 +33,7 @@ from scipy import stats
 from mia_ray.errors import MiaError
 
 
-def _values(x, what: str) -> np.ndarray:
+def finite_values(x, what: str) -> np.ndarray:
     a = np.asarray(x, dtype=np.float64).reshape(-1)
     if a.size < 2:
         raise MiaError(f"{what}: a test needs at least 2 values, got {a.size}")
@@ -44,7 +44,7 @@ def _values(x, what: str) -> np.ndarray:
 
 def _differences(a, b, what_a: str, what_b: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(a, b, a - b) for two samples matched by position (the same pairs, in the same order)."""
-    x, y = _values(a, what_a), _values(b, what_b)
+    x, y = finite_values(a, what_a), finite_values(b, what_b)
     if x.size != y.size:
         raise MiaError(
             f"{what_a} and {what_b}: a paired test needs one value of each per pair, got "
@@ -63,7 +63,7 @@ def _one_sample(d: np.ndarray, shift: float = 0.0) -> tuple[float, float]:
     return (d.mean() - shift) / se, d.size - 1.0
 
 
-def _welch(a: np.ndarray, b: np.ndarray, shift: float = 0.0) -> tuple[float, float, float]:
+def welch_t(a: np.ndarray, b: np.ndarray, shift: float = 0.0) -> tuple[float, float, float]:
     """Welch's t for mean(a) - mean(b) - shift, its standard error and its degrees of freedom."""
     va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
     se = math.sqrt(va + vb)
@@ -77,8 +77,8 @@ def paper_ttest(suspect, proxy, alpha: float = 0.05) -> dict:
     """The paper's eq. 11 t (unequal variances, unpaired) and two-sided p, with its eq. 12
     rule: "memorized" when p > alpha. Reported for comparison only: the rule is not a valid
     test."""
-    s, p = _values(suspect, "suspect LCSS"), _values(proxy, "proxy LCSS")
-    t, _, df = _welch(s, p)
+    s, p = finite_values(suspect, "suspect LCSS"), finite_values(proxy, "proxy LCSS")
+    t, _, df = welch_t(s, p)
     pval = float(2 * stats.t.sf(abs(t), df))
     return {
         "test": "paper t-test (eq. 11-12, Welch)",
@@ -157,7 +157,7 @@ def gap_greater(
         nonmember_suspect, nonmember_reference, "suspect LCSS (nonmember)", "reference LCSS "
         "(nonmember)"
     )  # fmt: skip
-    t, _, df = _welch(dm, dn)
+    t, _, df = welch_t(dm, dn)
     pval = float(stats.t.sf(t, df))
     reject = pval < alpha
     return {

@@ -1,8 +1,20 @@
-"""Cache keys name a model by what it is: weight bytes, revision, dtype, options."""
+"""Cache keys name a model by what it is: weight bytes, revision, dtype and device as they
+resolve where the model runs, options."""
 
 import os
 
-from mia_ray.models.identity import file_sha256, model_identity, model_key, tree_sha256
+from mia_ray.config import ModelConfig
+from mia_ray.models.identity import (
+    file_sha256,
+    model_key,
+    resolved_precision,
+    tree_sha256,
+    weights_identity,
+)
+
+
+def _cfg(path, **kw):
+    return ModelConfig(name_or_path=str(path), **kw)
 
 
 def test_same_path_new_weights_new_key(tmp_path, monkeypatch):
@@ -11,25 +23,49 @@ def test_same_path_new_weights_new_key(tmp_path, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text('{"n_layer": 2}')
     (model / "model.safetensors").write_bytes(b"weights v1")
-    first = model_key(str(model))
-    assert model_key(str(model)) == first  # stable, and now answered from the hash memo
+    first = model_key(_cfg(model), False)
+    assert model_key(_cfg(model), False) == first  # stable, and now answered from the hash memo
     assert len(list((tmp_path / "home" / "file-hashes").iterdir())) == 2
     # Retrained into the same folder: same size, new bytes, new mtime.
     (model / "model.safetensors").write_bytes(b"weights v2")
-    assert model_key(str(model)) != first
+    assert model_key(_cfg(model), False) != first
     # A hidden cache folder inside the model does not change what the model is.
     (model / ".cache").mkdir()
     (model / ".cache" / "x").write_text("noise")
-    assert model_key(str(model)) == model_key(str(model))
-    # dtype, device, GGUF file and options are part of the key.
+    assert model_key(_cfg(model), False) == model_key(_cfg(model), False)
+    # The resolved dtype and device, the GGUF file and options are part of the key.
     keys = {
-        model_key(str(model)),
-        model_key(str(model), dtype="bfloat16"),
-        model_key(str(model), device="cuda"),
-        model_key(str(model), gguf_file="m.gguf"),
-        model_key(str(model), gpus=1),
+        model_key(_cfg(model), False),
+        model_key(_cfg(model, dtype="bfloat16"), False),
+        model_key(_cfg(model, device="cuda"), False),
+        model_key(_cfg(model, gguf_file="m.gguf"), False),
+        model_key(_cfg(model), False, scoring="v2"),
     }
     assert len(keys) == 5
+
+
+def test_dtype_auto_keys_what_it_resolves_to_where_the_model_runs(tmp_path, monkeypatch):
+    """``dtype: auto`` is float32 on a CPU and half precision on a GPU: a run that moves from
+    CPU actors to GPU actors gets a new key (its numbers differ), while spelling out what
+    auto resolves to keeps the key (its numbers do not)."""
+    monkeypatch.setenv("MIA_RAY_HOME", str(tmp_path / "home"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"w")
+    cpu, gpu = model_key(_cfg(model), False), model_key(_cfg(model), True)
+    assert cpu != gpu
+    assert model_key(_cfg(model, dtype="float32", device="cpu"), False) == cpu
+    assert model_key(_cfg(model, device="cuda"), False) == gpu  # cuda named: a GPU either way
+    assert resolved_precision("auto", "auto", False) == {"device": "cpu", "dtype": "float32"}
+    assert resolved_precision("auto", "auto", True) == {"device": "cuda", "dtype": "half"}
+    assert resolved_precision("bfloat16", "cpu", True) == {"device": "cpu", "dtype": "bfloat16"}
+    # Another model of the section (a reference) shares dtype and device, not the revision.
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "model.safetensors").write_bytes(b"r")
+    with_rev = _cfg(model, revision="v1")
+    assert model_key(with_rev, False, str(ref)) == model_key(_cfg(model), False, str(ref))
+    assert model_key(with_rev, False, str(ref)) != model_key(_cfg(ref), True)
 
 
 def test_file_hash_is_the_sha256_of_the_bytes(tmp_path, monkeypatch):
@@ -51,13 +87,13 @@ def test_hub_names_keyed_by_revision_and_cached_commit(tmp_path, monkeypatch):
     import huggingface_hub.constants as hc
 
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    assert model_identity("org/model")["commit"] == ""
+    assert weights_identity("org/model")["commit"] == ""
     refs = tmp_path / "hub" / "models--org--model" / "refs"
     refs.mkdir(parents=True)
     (refs / "main").write_text("a" * 40)
-    ident = model_identity("org/model")
+    ident = weights_identity("org/model")
     assert ident["hub"] == "org/model" and ident["commit"] == "a" * 40
-    before = model_key("org/model")
+    before = model_key(_cfg("org/model"), False)
     (refs / "main").write_text("b" * 40)  # the hub moved main: another model
-    assert model_key("org/model") != before
-    assert model_key("org/model", revision="v1") != model_key("org/model")
+    assert model_key(_cfg("org/model"), False) != before
+    assert model_key(_cfg("org/model", revision="v1"), False) != model_key(_cfg("org/model"), False)

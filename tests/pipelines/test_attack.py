@@ -113,6 +113,10 @@ def test_new_weights_or_dtype_at_the_same_path_are_scored_afresh(
     assert "reusing" not in err
     fresh = json.loads((out / "report.json").read_text())["metrics"]["loss"]["auc"]
     assert fresh < 0.75
+    # Spelled out, what `auto` resolves to on a CPU actor is the same model: rows reused.
+    assert main(args + ["--set", "model.dtype=float32", "--set", "model.device=cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "target: reusing" in err and "computing afresh" not in err
     assert main(args + ["--set", "model.dtype=bfloat16"]) == 0
     assert "target: inputs changed since the last run; computing afresh" in capsys.readouterr().err
 
@@ -186,3 +190,7 @@ def test_a_reference_with_another_tokenizer_scores_the_same_text(tmp_path, ray_l
         "the target and the reference cover" in n
         for n in report["notes"]
     )
+
+
+def test_report_numbers_match_the_snapshot(tiny_run, report_snapshot):
+    report_snapshot(tiny_run[1], "attack-tiny")

@@ -332,3 +332,7 @@ def test_a_method_setting_with_a_typo_stops_before_any_work(tmp_path, audit_inpu
         "audit.methods copycheck: unknown config key 'uncertainty.n_samplez'; did you mean "
         "'n_samples'?",
     )
+
+
+def test_report_numbers_match_the_snapshot(tiny_audit, report_snapshot):
+    report_snapshot(tiny_audit[1], "audit-tiny")

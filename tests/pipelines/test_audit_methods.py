@@ -11,7 +11,7 @@ import pytest
 
 from mia_ray.config import AuditJobConfig, FinetuneConfig
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.audit_methods import method_configs, run_methods
+from mia_ray.pipelines.audit.methods import method_configs, run_methods
 
 
 def _audit_cfg(tmp_path, methods, **model):
@@ -123,7 +123,7 @@ def test_building_the_configs_loads_neither_ray_nor_torch(tmp_path):
     code = (
         "import sys; from pathlib import Path\n"
         "from mia_ray.config import AuditJobConfig\n"
-        "from mia_ray.pipelines.audit_methods import method_configs\n"
+        "from mia_ray.pipelines.audit.methods import method_configs\n"
         "cfg = AuditJobConfig()\n"
         f"cfg.audit.suspected, cfg.audit.unseen = {str(tmp_path)!r}, {str(tmp_path)!r}\n"
         "cfg.model.name_or_path = cfg.model.reference = 'm'\n"

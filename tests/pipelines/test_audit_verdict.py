@@ -1,6 +1,6 @@
 """The audit's verdict sentence: what each check's outcome lets the report say."""
 
-from mia_ray.pipelines.audit import _verdict
+from mia_ray.pipelines.audit import verdict
 
 
 def _report(p=1e-4, null_p=0.5, blind_p=1.0):
@@ -18,7 +18,7 @@ def _report(p=1e-4, null_p=0.5, blind_p=1.0):
 
 
 def test_passing_checks_are_named_after_the_evidence():
-    v = _verdict(_report())
+    v = verdict(_report())
     assert v == {
         "text": "Evidence that m trained on these files: p = 0.0001, held-out AUC 0.93; 50 of 66 "
         "files flagged at 5% FDR; the blind check does not reject (p = 1); the null check on "
@@ -30,7 +30,7 @@ def test_passing_checks_are_named_after_the_evidence():
 def test_a_rejecting_null_check_is_read_as_its_chance_of_a_false_alarm():
     # Its sides are a random split of the unseen sources and its test is exact: a rejection
     # is its alpha chance, and says nothing about the suspected files (nor detects dependence).
-    v = _verdict(_report(null_p=0.047))
+    v = verdict(_report(null_p=0.047))
     assert v["trained"] is True
     assert v["text"].endswith(
         "; the blind check does not reject (p = 1). The null check rejects on two random halves "
@@ -40,7 +40,7 @@ def test_a_rejecting_null_check_is_read_as_its_chance_of_a_false_alarm():
 
 
 def test_a_rejecting_blind_check_withholds_the_verdict_either_way():
-    v = _verdict(_report(blind_p=0.001))
+    v = verdict(_report(blind_p=0.001))
     assert v["trained"] is False
     assert v["text"].startswith(
         "Not evidence of training: the model scores suspected files above unseen ones (p = "
@@ -48,7 +48,7 @@ def test_a_rejecting_blind_check_withholds_the_verdict_either_way():
     )
     assert "No file is called trained" in v["text"]
     # The dataset test does not reject: no claim that the model tells the sets apart.
-    v = _verdict(_report(p=0.4, blind_p=0.001))
+    v = verdict(_report(p=0.4, blind_p=0.001))
     assert v["trained"] is False
     assert v["text"].startswith(
         "No evidence that m trained on these files (p = 0.4, held-out AUC 0.93, not below "

@@ -349,3 +349,7 @@ def test_ctrl_c_during_fine_tuning_exits_130_saying_rerun_to_resume(tmp_path, te
     assert "fine-tuning interrupted:" in log
     assert "did not finish" not in log and "sampling" not in log
     assert not (out / "report.json").exists()
+
+
+def test_report_numbers_match_the_snapshot(run, report_snapshot):
+    report_snapshot(run[1], "copycheck")

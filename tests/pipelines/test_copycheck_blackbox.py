@@ -146,3 +146,7 @@ def test_a_served_or_local_target_is_keyed_by_its_weights_not_its_path(test_worl
     assert spec(a, kind="local")["model_key"] != local["model_key"]
     # A remote API's weights are not ours to hash: its endpoint and model name key it.
     assert spec(a, kind="openai", base_url="http://x/v1")["model_key"] == ""
+
+
+def test_report_numbers_match_the_snapshot(run, report_snapshot):
+    report_snapshot(run[1], "copycheck-blackbox")

@@ -496,3 +496,7 @@ def test_a_parquet_shard_read_on_the_drivers_node_gives_the_same_documents(ray_l
         storage.set_current(None)
     pd.testing.assert_frame_equal(pinned, plain)
     assert len(plain) == 30 and set(plain.columns) >= {"doc_id", "text", "date"}
+
+
+def test_report_numbers_match_the_snapshot(run, report_snapshot):
+    report_snapshot(run[1], "leakage")

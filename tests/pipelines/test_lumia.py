@@ -222,3 +222,7 @@ def test_missing_image_is_a_clear_error(tmp_path, ray_local, test_world, capsys)
     assert code != 0
     err = capsys.readouterr().err
     assert "image not found:" in err and "00003.png" in err and "Traceback" not in err
+
+
+def test_report_numbers_match_the_snapshot(run, report_snapshot):
+    report_snapshot(run[1], "lumia")

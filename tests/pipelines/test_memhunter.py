@@ -458,3 +458,7 @@ def test_custom_resources_that_no_node_holds_fail_clearly(ray_local):
     with pytest.raises(MiaError, match="need 2 CPUs, but the nodes with resources.custom_"
                        "resources have 0: lower"):  # fmt: skip
         _check_resources(cfg)
+
+
+def test_report_numbers_match_the_snapshot(run, report_snapshot):
+    report_snapshot(run[1], "memhunter")

@@ -236,7 +236,7 @@ def _run_memhunter(cfg: AuditJobConfig, sub: MemHunterJobConfig, run, d: Path, _
     and the ``power_check``."""
     import json
 
-    from mia_ray.pipelines.audit import read_inputs
+    from mia_ray.pipelines.audit.inputs import read_inputs
     from mia_ray.reports.io import write_text
 
     files = read_inputs(cfg).sort_values("doc_id")

@@ -1,0 +1,199 @@
+"""The audit's statistics from its snippet rows: the dataset test, the null and blind checks, per-file p-values under false-discovery control (``detectors.dataset_inference``)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+
+from mia_ray.config import AuditJobConfig
+from mia_ray.pipelines.audit.report import GUARANTEE, SCHEME, notes, verdict
+from mia_ray.pipelines.common import log
+
+
+def feature_columns(snip: pd.DataFrame, names: list[str]) -> list[str]:
+    cols = []
+    for name in names:
+        variants = [c for c in snip.columns if c.startswith(f"{name}@")]
+        cols.extend(variants or [name])
+    return cols
+
+
+def design_of(files: pd.DataFrame, F: np.ndarray, cfg: AuditJobConfig, nonneg: bool):
+    """The test's :class:`Design` for ``files`` (doc_id, side, source; rows of ``F`` in order)."""
+    from mia_ray.detectors.dataset_inference import Design
+
+    codes, uniq = pd.factorize(files["source"], sort=True)
+    side = files.groupby("source")["side"].first().reindex(uniq).to_numpy()
+    seeds = list(range(cfg.audit.seed, cfg.audit.seed + cfg.audit.rounds))
+    return Design(F, codes, side, seeds, C=cfg.audit.C, nonneg=nonneg)
+
+
+def analyse(
+    cfg: AuditJobConfig,
+    snip: pd.DataFrame,
+    features: list[str],
+    files: pd.DataFrame,
+    truth: dict[str, int],
+    calib: dict,
+    inputs: dict | None = None,
+) -> dict:
+    """The statistics of an audit from its snippet rows (doc_id, text, feature columns) and its
+    files (doc_id, side, source)."""
+    from mia_ray.detectors.dataset_inference import (
+        audit,
+        effect_size,
+        file_matrix,
+        null_check,
+        permutation_test,
+        text_matrix,
+    )
+
+    a = cfg.audit
+    files = files.sort_values("doc_id").reset_index(drop=True)
+    ids = files["doc_id"].tolist()
+    units = snip["doc_id"].to_numpy()
+    F = file_matrix(units, snip[features].to_numpy(dtype=np.float64), ids)
+    design = design_of(files, F, cfg, nonneg=True)
+    log(
+        f"dataset test: {len(features)} features, {a.rounds} cross-fitting round(s), "
+        f"{a.permutations} permutations"
+    )
+    got = audit(design, a.permutations, a.seed, a.alpha, a.fdr, a.fdr_method, a.file_rounds)
+    test, rounds = got["test"], got["rounds"]
+    is_sus = files["side"].to_numpy() == 1
+    coefs = np.array([c for r in rounds for c in r.coefs])
+    score = np.mean([r.score for r in rounds], axis=0)
+    report: dict = {
+        "pipeline": "audit",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": {"name_or_path": cfg.model.name_or_path, "reference": cfg.model.reference or None},
+        "data": {
+            "suspected": a.suspected,
+            "unseen": a.unseen,
+            "n_suspected": int(is_sus.sum()),
+            "n_unseen": int((~is_sus).sum()),
+            "n_sources_suspected": int(design.side.sum()),
+            "n_sources_unseen": int((design.side == 0).sum()),
+            "group_field": cfg.data.group_field or None,
+            "n_snippets": int(len(snip)),
+            "snippet": f"{cfg.data.snippet_size} {cfg.data.snippet_unit}",
+            **{k: v for k, v in (inputs or {}).items() if k != "lengths"},
+        },
+        "lengths": (inputs or {}).get("lengths"),
+        "dataset_test": {
+            "test": "permutation test of the cross-fit: the mean held-out AUC (suspected vs "
+            "unseen files, ties 1/2) of a monotone linear discriminant, against the same "
+            "statistic with the sources' sides permuted",
+            "h0": "the model scores suspected sources like unseen ones (their sides are "
+            "exchangeable)",
+            "rounds": a.rounds,
+            **test,
+            "effect_size": effect_size(design, rounds),
+            "n_suspected": int(design.side.sum()),
+            "n_unseen": int((design.side == 0).sum()),
+            "halves": [
+                {"seed": r.seed, "half": h, "auc": r.auc[h]} for r in rounds for h in (0, 1)
+            ],
+        },
+        "features": _weights(features, coefs),
+    }
+    if a.null_check:
+        log("null check: the same test on two random halves of the unseen sources")
+        null = null_check(design, a.permutations, a.seed, a.alpha)
+        report["null_check"] = _check_summary(null)
+    if a.blind_check:
+        log("blind check: the same test on the snippets' words alone (no model), weights free")
+        T = text_matrix(units, snip["text"].tolist(), ids)
+        blind = permutation_test(design_of(files, T, cfg, False), a.permutations, a.seed, a.alpha)
+        report["blind_check"] = {
+            "method": "tf-idf word 1-2 grams per file, truncated SVD, ridge discriminant with "
+            "free weights (two-sided in effect), same cross-fitting and permutation test",
+            **_check_summary(blind),
+        }
+    blind_rejects = bool(report.get("blind_check", {}).get("reject"))
+    rows = _file_rows(files, got, score, snip.groupby("doc_id").size(), truth, blind_rejects)
+    report["per_file"] = {
+        "fdr": a.fdr,
+        "method": a.fdr_method,
+        "scheme": SCHEME,
+        "guarantee": GUARANTEE[a.fdr_method],
+        **calib,
+        "n_flagged": sum(1 for r in rows if r["verdict"] == "trained"),
+        "withheld": (
+            "the blind check rejects: suspected and unseen files differ in kind, so no "
+            "file's p-value can be read as evidence of training"
+            if blind_rejects
+            else None
+        ),
+    }
+    report["files"] = rows
+    report["unseen_files"] = [
+        {
+            "file_id": ids[i].split("/", 1)[1],
+            "source": str(files["source"][i]).split("/", 1)[1],
+            "score": float(score[i]),
+        }
+        for i in range(len(ids))
+        if not is_sus[i]
+    ]
+    if truth:
+        report["truth"] = _truth_summary(rows)
+    report["verdict"] = verdict(report)
+    report["notes"] = notes(cfg, report)
+    return report
+
+
+def _file_rows(files, got: dict, score, n_snip, truth: dict, blind_rejects: bool) -> list[dict]:
+    """One row per suspected file, sorted by p-value; no file is "trained" when the blind
+    check rejects (its p-value is then no more valid than the dataset test)."""
+    rows = []
+    for j, i in enumerate(got["suspected"]):
+        doc = files["doc_id"][i]
+        verdict = "trained" if got["flagged"][j] else "not flagged"
+        rows.append(
+            {
+                "file_id": doc.split("/", 1)[1],
+                "source": str(files["source"][i]).split("/", 1)[1],
+                "score": float(score[i]),
+                "p_value": float(got["pvalues"][i][0]),
+                "q_value": float(got["adjusted"][j]),
+                "verdict": "no verdict: blind check rejects" if blind_rejects else verdict,
+                "n_calibration": got["pvalues"][i][1],
+                "n_snippets": int(n_snip[doc]),
+                **({"truth": truth[doc]} if doc in truth else {}),
+            }
+        )
+    return sorted(rows, key=lambda r: (r["p_value"], -r["score"], r["file_id"]))
+
+
+def _truth_summary(rows: list[dict]) -> dict:
+    mem = [r for r in rows if r.get("truth") == 1]
+    hit = [r for r in rows if r["verdict"] == "trained"]
+    return {
+        "n_members": len(mem),
+        "n_nonmembers": sum(1 for r in rows if r.get("truth") == 0),
+        "members_flagged": sum(1 for r in mem if r["verdict"] == "trained"),
+        "nonmembers_flagged": sum(1 for r in hit if r.get("truth") == 0),
+        "tpr": (sum(1 for r in mem if r["verdict"] == "trained") / len(mem)) if mem else None,
+        "fdp": (sum(1 for r in hit if r.get("truth") == 0) / len(hit)) if hit else 0.0,
+    }
+
+
+def _check_summary(t: dict) -> dict:
+    keys = ("statistic", "p_value", "mc_error", "permutations", "reject", "alpha")
+    return {k: t[k] for k in keys}
+
+
+def _weights(names: list[str], coefs: np.ndarray) -> dict:
+    """The fits' weights on the standardized features; a feature whose weight is 0 in every
+    fit carries no evidence that suspected files look more trained-on."""
+    positive = (coefs > 0).mean(axis=0)
+    return {
+        "names": names,
+        "weights_mean": coefs.mean(axis=0).round(4).tolist(),
+        "weights_sd": coefs.std(axis=0).round(4).tolist(),
+        "share_positive": positive.round(3).tolist(),
+        "no_evidence": [n for n, s in zip(names, positive, strict=True) if s == 0],
+    }

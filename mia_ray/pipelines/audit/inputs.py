@@ -1,0 +1,265 @@
+"""The audit's inputs: the suspected and unseen files, their sources (a group field, near-duplicates), the same number of full-size snippets per file, and the counts a valid test needs."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+import pandas as pd
+
+from mia_ray.config import AuditJobConfig
+from mia_ray.errors import MiaError
+from mia_ray.pipelines.common import log
+
+SIDES = ("suspected", "unseen")
+
+
+NULL_CHECK_MIN_UNSEEN = 8  # two pseudo-sides of 4 groups: each still needs 2 per half
+
+
+LENGTH_RATIO_WARNING = 2.0  # median words per file of one side over the other's
+
+
+def resolve_world(cfg: AuditJobConfig) -> None:
+    """With ``world.target``: the demo world's books, split for the audit, and its models."""
+    if not cfg.world.target:
+        return
+    from mia_ray.demo.world import ensure_audit_books, ensure_world
+
+    log(f"demo world at {cfg.world.resolved_root()} (target {cfg.world.target})")
+    info = ensure_world(cfg.world, [cfg.world.target])
+    split = ensure_audit_books(info["root"], cfg.world.target)
+    cfg.audit.suspected = cfg.audit.suspected or split["suspected"]
+    cfg.audit.unseen = cfg.audit.unseen or split["unseen"]
+    cfg.data.labels = cfg.data.labels or split["labels"]
+    cfg.model.name_or_path = cfg.model.name_or_path or info["model"]
+    cfg.model.reference = cfg.model.reference or info["reference"]
+
+
+def _read_side(cfg: AuditJobConfig, side: str) -> pd.DataFrame:
+    from mia_ray.data.readers import read_documents
+
+    path = getattr(cfg.audit, side)
+    try:
+        ds = read_documents(
+            path,
+            format=cfg.data.format,
+            text_field=cfg.data.text_field,
+            id_field=cfg.data.id_field,
+            label_field=cfg.data.label_field,
+            date_field=cfg.data.date_field,
+            group_field=cfg.data.group_field,
+        )
+    except MiaError as e:
+        raise MiaError(f"--{side} ({path}): {e}") from None
+    cols = ["doc_id", "text", *(["group"] if cfg.data.group_field else [])]
+    df = ds.select_columns(cols).to_pandas()
+    if df.empty:
+        raise MiaError(f"--{side} ({path}) holds no documents")
+    df["file_id"] = df["doc_id"].astype(str)
+    df["doc_id"] = f"{side}/" + df["file_id"]
+    df["side"] = int(side == "suspected")
+    if "group" not in df:
+        df["group"] = df["file_id"]
+    return df
+
+
+def read_inputs(cfg: AuditJobConfig) -> pd.DataFrame:
+    """Both sides as one frame: doc_id (``suspected/<id>``, ``unseen/<id>``), file_id, text,
+    side (1 suspected, 0 unseen), group (``data.group_field``'s value, else the file id). A
+    text on both sides, or a group on both sides, is an error."""
+    sus, uns = (_read_side(cfg, side) for side in SIDES)
+    digest = {
+        side: df["text"].map(lambda t: hashlib.sha256(t.encode()).hexdigest())
+        for side, df in (("suspected", sus), ("unseen", uns))
+    }
+    shared = sorted(set(digest["suspected"]) & set(digest["unseen"]))
+    if shared:
+        a = sus["file_id"][digest["suspected"] == shared[0]].iloc[0]
+        b = uns["file_id"][digest["unseen"] == shared[0]].iloc[0]
+        raise MiaError(
+            f"--suspected and --unseen share {len(shared)} file(s) with the same text, e.g. "
+            f"{a!r} and {b!r}: a file cannot be both suspected and surely unseen"
+        )
+    if cfg.data.group_field:
+        both = sorted(set(sus["group"]) & set(uns["group"]))
+        if both:
+            raise MiaError(
+                f"group {both[0]!r} (data.group_field {cfg.data.group_field!r}) has files in "
+                f"both --suspected and --unseen ({len(both)} such group(s)): a source cannot be "
+                "both suspected and surely unseen"
+            )
+    return pd.concat([sus, uns], ignore_index=True)
+
+
+def assign_sources(files: pd.DataFrame, near_duplicates: bool) -> tuple[pd.DataFrame, dict]:
+    """Each file's ``source``: its group, joined with every file it shares long spans with
+    (``data.neardup``, within a side). A suspected file that shares long spans with an unseen
+    file is left out (it cannot be both). Returns the kept files with ``source`` and a summary
+    (pairs found, files left out with the reason)."""
+    from mia_ray.data.neardup import connected_groups, near_duplicate_pairs
+
+    ids = files["doc_id"].tolist()
+    side = dict(zip(ids, files["side"], strict=True))
+    pairs = near_duplicate_pairs(ids, files["text"].tolist()) if near_duplicates else []
+    cross = [(a, b, s) for a, b, s in pairs if side[a] != side[b]]
+    left_out: dict[str, dict] = {}
+    for a, b, share in cross:
+        sus, uns = (a, b) if side[a] == 1 else (b, a)
+        left_out.setdefault(
+            sus,
+            {
+                "file_id": sus.split("/", 1)[1],
+                "side": "suspected",
+                "reason": f"shares {share:.0%} of its 8-word spans with unseen file "
+                f"{uns.split('/', 1)[1]!r}: it cannot be both suspected and surely unseen",
+            },
+        )
+    kept = files[~files["doc_id"].isin(left_out)].copy()
+    links = [
+        (a, b)
+        for a, b, _ in pairs
+        if side[a] == side[b] and a not in left_out and b not in left_out
+    ]
+    # The files of one given group, chained, join the same component.
+    for _, members in kept.groupby(["side", "group"])["doc_id"]:
+        m = sorted(members)
+        links.extend(zip(m, m[1:], strict=False))
+    comp = connected_groups(kept["doc_id"].tolist(), links)
+    kept["source"] = kept["doc_id"].map(comp)
+    summary = {
+        "near_duplicates": bool(near_duplicates),
+        "near_duplicate_pairs": [
+            {"a": a, "b": b, "share": round(float(s), 4)} for a, b, s in pairs[:50]
+        ],
+        "n_near_duplicate_pairs": len(pairs),
+        "left_out": list(left_out.values()),
+    }
+    return kept, summary
+
+
+def select_snippets(
+    cfg: AuditJobConfig, files: pd.DataFrame
+) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """The same number of full-size snippets for every file (``audit.snippets_per_file``, or the
+    fewest any file has): files shorter than one snippet, or than the number asked for, are
+    left out. Returns (kept files, snippets (snippet_id, doc_id, text), length summary)."""
+    import ray
+
+    from mia_ray.data.snippets import take_per_file
+    from mia_ray.pipelines.common import snippets_of
+
+    d = cfg.data
+    full = dataclasses.replace(d, min_snippet_size=d.snippet_size + 1, max_snippets_per_doc=0)
+    cut = snippets_of(ray.data.from_pandas(files[["doc_id", "text"]]), full, cfg.model.name_or_path)
+    snip = cut.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
+    if snip.empty:  # no block had a row: Ray gives no columns either
+        snip = pd.DataFrame({"snippet_id": [], "doc_id": [], "text": []}, dtype=object)
+    counts = snip.groupby("doc_id").size().reindex(files["doc_id"], fill_value=0)
+    k = cfg.audit.snippets_per_file
+    if not k:
+        have = counts[counts > 0]
+        k = int(have.min()) if len(have) else 1
+        if d.max_snippets_per_doc > 0:
+            k = min(k, d.max_snippets_per_doc)
+    short = counts[counts < k]
+    left_out = [
+        {
+            "file_id": doc.split("/", 1)[1],
+            "side": doc.split("/", 1)[0],
+            "reason": (
+                f"shorter than one full snippet ({d.snippet_size} {d.snippet_unit})"
+                if n == 0
+                else f"{n} full snippet(s), fewer than audit.snippets_per_file = {k}"
+            ),
+        }
+        for doc, n in short.items()
+    ]
+    kept = files[~files["doc_id"].isin(short.index)]
+    chosen = take_per_file(snip[snip["doc_id"].isin(kept["doc_id"])], k, cfg.audit.seed)
+    words = pd.Series([len(str(t).split()) for t in files["text"]], index=files["doc_id"])
+    lengths = {"snippets_per_file": k}
+    for side, name in ((1, "suspected"), (0, "unseen")):
+        ids = files["doc_id"][files["side"] == side]
+        w, c = words[ids], counts[ids]
+        lengths[name] = {
+            "files": int(len(ids)),
+            "words_median": float(w.median()),
+            "words_min": int(w.min()),
+            "words_max": int(w.max()),
+            "full_snippets_median": float(c.median()),
+            "full_snippets_min": int(c.min()),
+            "full_snippets_max": int(c.max()),
+        }
+    ws, wu = lengths["suspected"]["words_median"], lengths["unseen"]["words_median"]
+    ratio = max(ws, wu) / max(1.0, min(ws, wu))
+    lengths["warning"] = (
+        f"the sides' lengths differ: a suspected file has {ws:g} words at the median, an unseen "
+        f"one {wu:g}. Every file is scored on {k} snippet(s) of the same size, so their scores "
+        "are comparable, but files of very different lengths may differ in kind too (the "
+        "blind check tests that)"
+        if ratio >= LENGTH_RATIO_WARNING
+        else None
+    )
+    return kept, chosen, {"lengths": lengths, "left_out": left_out}
+
+
+def check_counts(cfg: AuditJobConfig, n_suspected: int, n_unseen: int, unit: str = "file") -> dict:
+    """Fail before any scoring when there are too few independent sources (``unit``: file or
+    source) for the test or for any per-file verdict at ``audit.fdr``; return what the
+    calibration allows."""
+    from mia_ray.detectors.dataset_inference import MIN_GROUPS_PER_SIDE
+    from mia_ray.stats.audit import min_calibration_files
+
+    a = cfg.audit
+    need = min_calibration_files(a.fdr)
+    for n, side in ((n_suspected, "suspected"), (n_unseen, "unseen")):
+        if n < MIN_GROUPS_PER_SIDE:
+            raise MiaError(
+                f"--{side} has {n} {unit}(s): the audit needs at least {MIN_GROUPS_PER_SIDE} "
+                f"suspected and {max(MIN_GROUPS_PER_SIDE, 2 * need - 1)} unseen {unit}s (2 of each "
+                "in each cross-fitting half)"
+            )
+    # A file is calibrated against the unseen sources of its own half: n // 2 or n - n // 2.
+    n_cal, n_max = n_unseen // 2, n_unseen - n_unseen // 2
+    if n_max < need:
+        raise MiaError(
+            f"--unseen has {n_unseen} {unit}(s): a suspected file is ranked against at most "
+            f"{n_max} of them (those in its cross-fitting half), so its p-value is at least "
+            f"1/{n_max + 1} = {1 / (n_max + 1):.3f} > audit.fdr = {a.fdr:g} and no file could "
+            f"ever be flagged; give at least {2 * need - 1} unseen {unit}s (or raise audit.fdr)"
+        )
+    if a.null_check and n_unseen < NULL_CHECK_MIN_UNSEEN:
+        raise MiaError(
+            f"--unseen has {n_unseen} {unit}(s): the null check (unseen vs unseen) needs at "
+            f"least {NULL_CHECK_MIN_UNSEEN}; add files or set audit.null_check=false"
+        )
+    min_p = 1 / (n_max + 1)
+    return {
+        "n_calibration": n_cal,
+        "min_p_value": min_p,
+        # BH flags k of m files only if the k-th smallest p-value is <= fdr * k / m.
+        "min_flagged_together": int(np.ceil(n_suspected * min_p / a.fdr - 1e-12)),
+    }
+
+
+def check_sources(cfg: AuditJobConfig, files: pd.DataFrame) -> tuple[dict, pd.Series]:
+    """:func:`check_counts` on the independent sources of each side (files when none is
+    grouped); returns its result and the sources per side (index 0 unseen, 1 suspected)."""
+    n_src = files.groupby("side")["source"].nunique().reindex([0, 1], fill_value=0)
+    unit = "source" if n_src.sum() < len(files) else "file"
+    return check_counts(cfg, int(n_src[1]), int(n_src[0]), unit), n_src
+
+
+def truth_labels(cfg: AuditJobConfig, files: pd.DataFrame) -> dict[str, int]:
+    """data.labels (file id -> 0/1 over the suspected files), for scoring the verdicts."""
+    if not cfg.data.labels:
+        return {}
+    from mia_ray.data.readers import load_manifest
+
+    known = load_manifest(cfg.data.labels)
+    sus = files[files["side"] == 1]
+    return {
+        d: int(known[f]) for d, f in zip(sus["doc_id"], sus["file_id"], strict=True) if f in known
+    }

@@ -1,0 +1,104 @@
+"""`mia-ray audit`: the stages in order (inputs, scoring, analysis, methods, report)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from mia_ray.config import AttackConfig, AttackJobConfig, AuditJobConfig
+from mia_ray.errors import MiaError
+from mia_ray.pipelines.audit.analysis import analyse, feature_columns
+from mia_ray.pipelines.audit.inputs import (
+    assign_sources,
+    check_sources,
+    read_inputs,
+    resolve_world,
+    select_snippets,
+    truth_labels,
+)
+from mia_ray.pipelines.audit.report import merge_copycheck, write_outputs
+from mia_ray.pipelines.common import check_model_early, check_target_early, log
+from mia_ray.registry import pipeline
+from mia_ray.runtime import describe
+
+FLAGS = (
+    ("model", "model.name_or_path", "the model to audit: a hub name or a local folder"),
+    ("suspected", "audit.suspected", "the files you think it trained on"),
+    ("unseen", "audit.unseen", "files of the same kind it surely never saw"),
+    ("reference", "model.reference", "a reference model that did not train on the files"),
+    ("group-by", "data.group_field", "the field naming each file's source (folder: its folder)"),
+)
+
+
+@pipeline(
+    "audit",
+    AuditJobConfig,
+    help="did this model train on these files? a dataset-level p-value and per-file verdicts "
+    "under false-discovery control",
+    flags=FLAGS,
+)
+def run(cfg: AuditJobConfig, out: Path) -> dict:
+    from mia_ray.pipelines.attack import score_attacks
+    from mia_ray.pipelines.audit.methods import method_configs, run_methods
+
+    t0 = time.time()
+    resolve_world(cfg)
+    a = cfg.audit
+    methods = method_configs(cfg)  # every requested method's config checks out before any work
+    check_target_early(cfg.model)
+    if cfg.model.reference:
+        check_model_early(cfg.model.reference, "model.reference")
+    files, sources = assign_sources(read_inputs(cfg), a.near_duplicates)
+    check_sources(cfg, files)
+    files, snippets, lengths = select_snippets(cfg, files)
+    left_out = sources.pop("left_out") + lengths.pop("left_out")
+    for f in left_out:
+        log(f"left out: {f['side']} file {f['file_id']}: {f['reason']}")
+    try:
+        calib, n_src = check_sources(cfg, files)
+    except MiaError as e:
+        raise MiaError(
+            f"{e}; that is after leaving out {len(left_out)} file(s) (the log lists them): "
+            "shorter than audit.snippets_per_file full snippets, or near-duplicates of an "
+            "unseen file. A smaller data.snippet_size or audit.snippets_per_file keeps more"
+        ) from None
+    truth = truth_labels(cfg, files)
+    log(
+        f"{int(files['side'].sum())} suspected and {int((files['side'] == 0).sum())} unseen "
+        f"files ({int(n_src[1])} and {int(n_src[0])} independent sources), "
+        f"{lengths['lengths']['snippets_per_file']} snippet(s) of each"
+    )
+    side = dict(zip(files["doc_id"], files["side"], strict=True))
+    attacks = [*a.attacks, *(["ref"] if cfg.model.reference else [])]
+    acfg = AttackJobConfig(
+        data=cfg.data,
+        model=cfg.model,
+        resources=cfg.resources,
+        attack=AttackConfig(
+            attacks=attacks, min_k_ratios=list(a.min_k_ratios), min_k_ratio=a.min_k_ratios[0]
+        ),
+    )
+    snip, _, ctx = score_attacks(acfg, out, labels=side, snippets=snippets)
+    t_score = time.time() - t0
+    features = feature_columns(snip, attacks)
+    texts = ctx["snippets"].set_index("snippet_id")["text"]
+    snip["text"] = snip["snippet_id"].map(texts)
+    inputs = {**sources, **lengths, "left_out": left_out}
+    report = analyse(cfg, snip, features, files, truth, calib, inputs)
+    if methods:
+        report["methods"] = run_methods(cfg, out, methods, ctx["target_rows"])
+        merge_copycheck(report)
+    write_outputs(out, snip, features, report)
+    report["runtime"] = describe()
+    report["timings"] = {
+        "score_s": round(t_score, 2),
+        "analysis_s": round(time.time() - t0 - t_score, 2),
+        "n_snippets": int(len(snip)),
+    }
+    from mia_ray.reports.audit import render_audit_report
+    from mia_ray.reports.io import write_json
+
+    write_json(out / "report.json", report)
+    render_audit_report(report, out / "report.html")
+    log(report["verdict"]["text"])
+    return report

@@ -1,0 +1,161 @@
+"""What the audit says: the verdict, the notes, the guarantees it states, and its output files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from mia_ray.config import AuditJobConfig
+
+SCHEME = (
+    "split-conformal: in a cross-fitting round, a suspected file is ranked against one file "
+    "of each unseen source in its own held-out half, all scored by the model fitted on the "
+    "other half, which trained on none of them: p = (1 + #{calibration scores >= the file's}) "
+    "/ (n + 1). The file's p-value is the largest over the first audit.file_rounds rounds."
+)
+
+
+GUARANTEE = {
+    "bh": "Each p-value is valid: P(p <= t) <= t for a file the model did not train on, "
+    "when its source is exchangeable with the unseen ones (proven: split-conformal, and the "
+    "largest of valid p-values is valid). The p-values of one round and one half share one "
+    "calibration set and one model, so they are PRDS and Benjamini-Hochberg controls the FDR "
+    "at the stated level among them (Bates et al. 2023); for the reported p-values (pooled "
+    "over both halves, and the largest over rounds when audit.file_rounds > 1) PRDS is not "
+    "proven, and the FDR is measured by simulation (VALIDITY.md); audit.fdr_method=by "
+    "controls it under any dependence.",
+    "by": "Each p-value is valid: P(p <= t) <= t for a file the model did not train on (proven: "
+    "split-conformal, and the largest of valid p-values is valid); Benjamini-Yekutieli "
+    "controls the FDR at the stated level under any dependence among them.",
+}
+
+
+def verdict(r: dict) -> dict:
+    t, m = r["dataset_test"], r["model"]["name_or_path"]
+    blind, null = r.get("blind_check"), r.get("null_check")
+    pf = r["per_file"]
+    files = f"{pf['n_flagged']} of {r['data']['n_suspected']} files flagged at {pf['fdr']:.0%} FDR"
+    p = f"p = {_p(t['p_value'])}, held-out AUC {t['statistic']:.2f}"
+    if blind and blind["reject"]:
+        if t["reject"]:
+            text = (
+                f"Not evidence of training: the model scores suspected files above unseen ones "
+                f"({p}), but their words alone tell the two sets apart too (blind check p = "
+                f"{_p(blind['p_value'])}): the sets differ in kind, and that difference could "
+                "be what the model sees (Das et al. 2024). No file is called trained. Give "
+                "unseen files of the same kind as the suspected ones"
+            )
+        else:
+            text = (
+                f"No evidence that {m} trained on these files ({p}, not below "
+                f"{t['alpha']:g}), and this audit could not be trusted to find it: the files' "
+                f"words alone tell suspected from unseen files (blind check p = "
+                f"{_p(blind['p_value'])}), so the two sets differ in kind. No file is called "
+                "trained. Give unseen files of the same kind as the suspected ones"
+            )
+        trained = False
+    elif t["reject"]:
+        text = f"Evidence that {m} trained on these files: {p}; {files}"
+        trained = True
+    else:
+        text = (
+            f"No evidence that {m} trained on these files: {p} (not below {t['alpha']:g}); {files}"
+        )
+        trained = False
+    if blind and not blind["reject"]:
+        text += f"; the blind check does not reject (p = {_p(blind['p_value'])})"
+    if null and not null["reject"]:
+        text += f"; the null check on unseen vs unseen does not reject (p = {_p(null['p_value'])})"
+    if null and null["reject"]:
+        text += (
+            f". The null check rejects on two random halves of the unseen sources (p = "
+            f"{_p(null['p_value'])}): its permutation test is exact, so this is its "
+            f"{null['alpha']:.0%} chance of a false alarm; it says nothing of the suspected files"
+        )
+    return {"text": text + ".", "trained": trained}
+
+
+def _p(p: float) -> str:
+    return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
+
+
+def notes(cfg: AuditJobConfig, r: dict) -> list[str]:
+    pf, t, d = r["per_file"], r["dataset_test"], r["data"]
+    lines = [
+        "The dataset test is LLM Dataset Inference (Maini et al. 2024) on files, with an exact "
+        "test: the sources are split in halves (stratified, seeded); a linear discriminant whose "
+        "weights are constrained to be >= 0 (every feature is oriented 'higher = member', so "
+        "only files that look more trained-on can count) is fitted on one half's files and "
+        "scores the other half's; the held-out AUC measures the separation; halves swap and "
+        f"the whole repeats over {cfg.audit.rounds} seed(s). The mean AUC is compared with the "
+        f"same statistic for {t['permutations']} random permutations of the sources' sides "
+        f"(the whole cross-fit redone each time): p = (1 + #{{at least as high}}) / "
+        f"({t['permutations']} + 1), exact under H0; Monte Carlo error ±{t['mc_error']:.2g}.",
+        "H0: the model scores the suspected sources like unseen ones. The test assumes the two "
+        "sets are alike apart from training (the blind check tests that on the words alone); "
+        "it cannot tell which files were trained on, only that some were.",
+        f"The verdict rests on {d['n_sources_suspected']} suspected and "
+        f"{d['n_sources_unseen']} unseen independent sources"
+        + (
+            f" ({d['n_suspected']} and {d['n_unseen']} files; files of one source, by "
+            + (f"data.group_field {d['group_field']!r}" if d.get("group_field") else "")
+            + (" and " if d.get("group_field") and d.get("n_near_duplicate_pairs") else "")
+            + (
+                f"{d['n_near_duplicate_pairs']} near-duplicate pair(s)"
+                if d.get("n_near_duplicate_pairs")
+                else ""
+            )
+            + ", are split, permuted and calibrated together)"
+            if d["n_sources_suspected"] + d["n_sources_unseen"] < d["n_suspected"] + d["n_unseen"]
+            else ""
+        )
+        + ". Files that are not independent but not found so (chapters of one book with no "
+        "shared text) must be named by data.group_field (--group-by): no check can see them.",
+        f"Per-file p-values: {pf['scheme']} {pf['guarantee']} With at least "
+        f"{pf['n_calibration']} calibration files in a half the smallest p-value is "
+        f"{pf['min_p_value']:.4f}; at {pf['fdr']:.0%} FDR files can be flagged only when at "
+        f"least {pf['min_flagged_together']} of the {d['n_suspected']} are flagged together.",
+        "A file that is not flagged is not shown unseen: short files, or files the model saw "
+        "once, leave little signal.",
+    ]
+    if r["features"]["no_evidence"]:
+        lines.append(
+            "Features with weight 0 in every fit carry no evidence here: "
+            + ", ".join(r["features"]["no_evidence"])
+            + "."
+        )
+    lengths = r.get("lengths") or {}
+    if lengths.get("warning"):
+        lines.append(f"Lengths: {lengths['warning']}.")
+    if d.get("left_out"):
+        lines.append(f"{len(d['left_out'])} file(s) left out (listed under data.left_out).")
+    if r.get("truth"):
+        tr = r["truth"]
+        lines.append(
+            f"Scored against data.labels: {tr['members_flagged']} of {tr['n_members']} member "
+            f"files flagged, {tr['nonmembers_flagged']} non-member files flagged "
+            f"(false-discovery proportion {tr['fdp']:.0%})."
+        )
+    return lines
+
+
+def merge_copycheck(report: dict) -> None:
+    """CopyCheck's verdict and confidence beside the audit's own, per file; each method's
+    summary keeps its numbers, not the per-file dict the table now shows."""
+    cc = report["methods"].get("copycheck")
+    if not cc:
+        return
+    files = cc.pop("files")
+    for row in report["files"]:
+        got = files.get(row["file_id"], {})
+        row["copycheck_verdict"] = got.get("verdict")
+        row["copycheck_confidence"] = got.get("confidence")
+
+
+def write_outputs(out: Path, snip: pd.DataFrame, features: list[str], report: dict) -> None:
+    from mia_ray.reports.io import write_parquet
+
+    write_parquet(out / "files.parquet", pd.DataFrame(report["files"]))
+    cols = ["snippet_id", "doc_id", "n_tokens", *features, "text"]  # the text scored
+    write_parquet(out / "snippet_scores.parquet", snip[cols])
