@@ -198,7 +198,7 @@ def in_process(texts, model_dir, ref_dir, max_length, batch, threads, block_rows
     """The Scorer actors' own code called directly, on the pipeline's batches, no Ray."""
     from mia_ray.actors import BATCH
     from mia_ray.actors.scorer import Scorer
-    from mia_ray.pipelines.common import draw_batches
+    from mia_ray.stages import draw_batches
 
     df = pd.DataFrame({"snippet_id": [f"s{i}" for i in range(len(texts))], "text": texts})
     t0 = time.perf_counter()
@@ -227,7 +227,7 @@ def through_ray(texts, model_dir, ref_dir, max_length, batch, threads, block_row
     from mia_ray.actors import BATCH
     from mia_ray.config import ModelConfig, ResourcesConfig
     from mia_ray.pipelines.attack import scorer_mapper
-    from mia_ray.pipelines.common import model_blocks
+    from mia_ray.stages import model_blocks
 
     df = pd.DataFrame({"snippet_id": [f"s{i}" for i in range(len(texts))], "text": texts})
     mc = ModelConfig(device="cpu", dtype="float32", max_length=max_length, batch_size=batch)

@@ -25,8 +25,6 @@ from pathlib import Path
 
 from mia_ray.errors import MiaError, describe_failure, find_mia_error
 
-REPORT_FILES = ("report.json", "report.html")  # storage.DRIVER_ONLY keeps these off storage
-
 
 def _parser() -> argparse.ArgumentParser:
     from mia_ray import registry
@@ -155,17 +153,17 @@ def _run_pipeline(args: argparse.Namespace) -> int:
 
 
 def _set_aside_last_report(out: Path) -> None:
-    """Move the last run's report (and the config it belongs to) to ``out/previous/``."""
+    """Move the last run's outputs to ``out/previous/``: its report, its config, its manifest
+    and every other file at the top of ``out`` (score tables and the like), so that a run
+    folder never mixes two runs. Stage folders stay: the stage layer reuses them by key."""
     (out / "error.log").unlink(missing_ok=True)  # it told of a run that is over
-    old = [out / name for name in REPORT_FILES if (out / name).exists()]
+    old = sorted(p for p in out.iterdir() if p.is_file() and not p.name.startswith("."))
     if not old:
         return
     prev = out / "previous"
     if prev.exists():
         shutil.rmtree(prev)
     prev.mkdir()
-    if (out / "config.yaml").exists():
-        old.append(out / "config.yaml")
     for path in old:
         os.replace(path, prev / path.name)
     print(f"mia-ray: the last run's report is now in {prev}", file=sys.stderr)

@@ -269,6 +269,10 @@ class Workspace:
     storage_uri: str = ""
     distributed: bool = False
     driver_node: str = ""
+    # Names this run in its manifest and its stages' markers (mia_ray.stages).
+    run_id: str = field(
+        default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    )
     _pushed: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -320,9 +324,11 @@ class Workspace:
             n += 1
         return n
 
-    def pull(self, rel: str | os.PathLike = "") -> int:
+    def pull(self, rel: str | os.PathLike = "", outputs: bool = True) -> int:
         """Copy the files under ``rel`` (a file or folder) in storage that ``--out`` lacks,
-        or holds at another size; return how many."""
+        or holds at another size; return how many. ``outputs=False`` leaves out the files
+        at the top of ``--out`` (a past run's outputs: a new run resumes from its stages'
+        folders, never from another run's outputs)."""
         if not self.mirrored:
             return 0
         rel = self._rel(rel).strip("/")
@@ -337,6 +343,8 @@ class Workspace:
         n = 0
         for name, size in names.items():
             dest = self.local / name
+            if not outputs and "/" not in name:
+                continue
             if _skipped(name) or (dest.exists() and dest.stat().st_size == size):
                 continue
             store.get_file(name, dest)
@@ -428,7 +436,7 @@ def open_workspace(out: Path, storage_uri: str, mode: str) -> Workspace:
     if distributed:
         check_visible(ws, nodes, explicit=bool(storage_uri))
     if ws.mirrored:
-        n = ws.pull()
+        n = ws.pull(outputs=False)
         if n:
             _log(f"resumed {n} files from storage {redact(ws.storage_uri)}")
     return ws

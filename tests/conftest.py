@@ -140,6 +140,7 @@ def report_snapshot():
                 json.dump(numbers, f, indent=0, sort_keys=True)
         with open(path) as f:
             want = json.load(f)
+
         def same(a, b) -> bool:
             nan = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
             return a == b or nan

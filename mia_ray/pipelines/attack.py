@@ -21,7 +21,6 @@ from mia_ray.pipelines.common import (
     labelled_documents,
     log,
     resolve_world,
-    resumable_map,
     snippets_of,
 )
 from mia_ray.registry import pipeline
@@ -80,10 +79,12 @@ def score_pool(
     out_dir: Path,
     fp: str,
 ):
-    """Stream snippets (pandas: snippet_id, text) through one Scorer pool, resumably (see
-    ``resumable_map``)."""
+    """Stream snippets (pandas: snippet_id, text) through one Scorer pool into the ``parts``
+    stage ``out_dir`` keyed ``fp`` (``stages.parts_stage``: resumable)."""
+    from mia_ray.stages import parts_stage
+
     mapper = scorer_mapper(model_cfg, res_cfg, model, prefix, lowercase, full)
-    return resumable_map(snippets, out_dir, fp, mapper, out_dir.name, model_cfg.batch_size)
+    return parts_stage(out_dir.parent, out_dir.name, fp, snippets, mapper, model_cfg.batch_size)
 
 
 def scorer_key(model_cfg, res_cfg, name: str | None = None) -> str:

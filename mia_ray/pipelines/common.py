@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +11,6 @@ from mia_ray.keys import fingerprint
 from mia_ray.log import log, note
 
 __all__ = ["fingerprint", "log", "note"]  # the pipelines' wiring imports them from here
-
-PART_ROWS = 512  # result rows per part file: the granularity of resuming
-BLOCK_ROWS = 64  # rows per input block: results (and progress) arrive at least this often
 
 
 def resolve_world(cfg) -> None:
@@ -131,106 +126,6 @@ def labelled_documents(data_cfg):
         ds = ds.filter(lambda r: r["doc_id"] in keep).materialize()
     check_classes(labels, data_cfg.min_docs_per_class)
     return ds, labels
-
-
-def draw_batches(rows, batch_size: int):
-    """``rows`` (pandas, with ``snippet_id`` and ``text``) in model batches, drawn from the rows
-    alone: sorted by text length, longest first (less padding, and a batch too large for the
-    device fails at once), ties by ``snippet_id``, cut every ``batch_size`` rows; column
-    ``_batch`` holds each row's batch. So a row's batch mates, and its numbers to the last
-    bit, are the same on one node or many."""
-    import numpy as np
-
-    from mia_ray.actors import BATCH
-
-    ids = rows["snippet_id"].astype(str).to_numpy()
-    rows = rows.iloc[np.lexsort((ids, -rows["text"].str.len().to_numpy()))].reset_index(drop=True)
-    rows[BATCH] = np.arange(len(rows)) // batch_size
-    return rows
-
-
-def model_blocks(rows, batch_size: int, block_rows: int = BLOCK_ROWS):
-    """``draw_batches(rows, batch_size)`` as a Ray Dataset whose blocks hold whole batches,
-    ~``block_rows`` rows each."""
-    import ray
-
-    rows = draw_batches(rows, batch_size)
-    # One map task emits its output only when its whole block is done: small blocks keep
-    # results streaming into parts (and Ray Data's no-progress watchdog fed).
-    per_block = batch_size * max(1, block_rows // batch_size)
-    return ray.data.from_pandas(
-        [rows.iloc[i : i + per_block] for i in range(0, len(rows), per_block)]
-    )
-
-
-def resumable_map(
-    rows, out_dir: Path, fp: str, mapper: Callable[[Any], Any], what: str, batch_size: int,
-    load: bool = True,
-):  # fmt: skip
-    """Stream ``rows`` (pandas, with a unique ``snippet_id`` and a ``text``) in model batches
-    of ``batch_size`` (``model_blocks``) through ``mapper(ds) -> ds`` and write the results in
-    parts to ``out_dir`` as they arrive; return all rows (pandas), or with ``load=False`` the
-    part files (for results larger than memory). The mapper's actors take each block whole
-    (``batch_size=None``) and run ``in_model_batches``.
-
-    A rerun with the same fingerprint ``fp`` skips every row already in a part, so an
-    interrupted run resumes where it stopped; a different fingerprint starts afresh.
-    """
-    import shutil
-
-    import pandas as pd
-
-    from mia_ray import storage
-    from mia_ray.actors import BATCH
-    from mia_ray.reports.io import read_json, write_json, write_parquet
-
-    meta = out_dir / "meta.json"
-    if out_dir.exists() and (not meta.exists() or read_json(meta).get("fingerprint") != fp):
-        log(f"{what}: inputs changed since the last run; computing afresh")
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(meta, {"fingerprint": fp})
-    storage.push(meta)
-    parts = sorted(out_dir.glob("part-*.parquet"))
-    done: set[str] = set()
-    for part in parts:
-        done.update(pd.read_parquet(part, columns=["snippet_id"])["snippet_id"])
-    total = len(rows)
-    todo = rows
-    if done:
-        log(f"{what}: reusing {len(done)} of {total} rows")
-        todo = rows[~rows["snippet_id"].isin(done)]
-    n_new, buffer = 0, []
-    t0, last = time.time(), 0.0
-
-    def flush() -> None:
-        if buffer:
-            path = out_dir / f"part-{len(parts):05d}.parquet"
-            write_parquet(path, pd.concat(buffer, ignore_index=True))
-            storage.push(path)  # a checkpoint: a new driver resumes from it
-            parts.append(path)
-            buffer.clear()
-
-    if len(done) < total:
-        ds = model_blocks(todo, batch_size)
-        for batch in mapper(ds).iter_batches(batch_format="pandas", batch_size=None):
-            buffer.append(batch.drop(columns=BATCH, errors="ignore"))
-            n_new += len(batch)
-            if sum(len(b) for b in buffer) >= PART_ROWS:
-                flush()
-            if time.time() - last > 10:
-                last = time.time()
-                rate = n_new / max(last - t0, 1e-9)
-                log(f"{what}: {len(done) + n_new}/{total} rows ({rate:.1f}/s)")
-        flush()
-        # The periodic line above stops short of the end: say where the work ended.
-        took = time.time() - t0
-        log(
-            f"{what}: {len(done) + n_new}/{total} rows in {took:.0f} s ({n_new / max(took, 1e-9):.1f}/s)"
-        )
-    if not load:
-        return parts
-    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
 
 
 def snippets_of(docs, data_cfg, model_path: str):

@@ -24,11 +24,11 @@ from mia_ray.pipelines.common import (
     fingerprint,
     log,
     resolve_world,
-    resumable_map,
     snippets_of,
 )
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe, ray_options
+from mia_ray.stages import parts_stage
 
 # ---------------------------------------------------------------------------- experiments
 
@@ -289,9 +289,9 @@ def _sample(cfg, e: dict, snippets: pd.DataFrame, jobs: list[dict], out: Path) -
 
         log(f"{e['name']}: sampling {sampler} on {len(sus)} suspected snippets")
         try:
-            got = resumable_map(
-                rows, out / "samples" / e["name"] / sampler, fp, mapper,
-                f"{e['name']}/{sampler}", uc.batch_size,
+            got = parts_stage(
+                out, f"samples/{e['name']}/{sampler}", fp, rows, mapper, uc.batch_size,
+                what=f"{e['name']}/{sampler}",
             )  # fmt: skip
         finally:
             if pg is not None:  # the reserved bundles go back to the cluster

@@ -28,11 +28,11 @@ from mia_ray.pipelines.common import (
     labelled_documents,
     log,
     resolve_world,
-    resumable_map,
     snippets_of,
 )
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
+from mia_ray.stages import parts_stage
 
 FPR = 0.01  # the report's TPR@FPR point (the paper reports AUC only)
 
@@ -160,8 +160,8 @@ def _extract(
 
     t0 = time.time()
     cols = ["snippet_id", "text"] + (["image"] if "image" in meta else [])
-    parts = resumable_map(
-        meta[cols], out / "activations", fp, mapper, "activations", cfg.model.batch_size, load=False
+    parts = parts_stage(
+        out, "activations", fp, meta[cols], mapper, cfg.model.batch_size, load=False
     )
     return parts, time.time() - t0, fp
 

@@ -27,13 +27,13 @@ def _attack(tmp_path, test_world, target, name):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, ray_local, test_world):
-    import mia_ray.pipelines.common as common
+    import mia_ray.stages as stages
 
-    saved, common.PART_ROWS = common.PART_ROWS, 40  # several part files, to test resuming
+    saved, stages.PART_ROWS = stages.PART_ROWS, 40  # several part files, to test resuming
     try:
         return _attack(tmp_path_factory.mktemp("runs"), test_world, "tiny", "tiny")
     finally:
-        common.PART_ROWS = saved
+        stages.PART_ROWS = saved
 
 
 def test_report_has_every_attack_with_ci_and_tpr(tiny_run):

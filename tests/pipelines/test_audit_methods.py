@@ -211,7 +211,7 @@ def test_copycheck_gives_each_suspected_file_a_verdict_and_pushes_its_parts(
     report = json.loads((out / "copycheck" / "report.json").read_text())
     assert report["data"]["mode"] == "audit" and (out / "copycheck" / "config.yaml").is_file()
     store = tmp_path / "store" / "copycheck"
-    assert (store / "samples" / "audit" / "mcd" / "meta.json").is_file()
+    assert (store / "samples" / "audit" / "mcd" / ".complete.json").is_file()
     assert list((store / "samples" / "audit" / "ensemble").glob("part-*.parquet"))
     assert (store / "train" / "audit" / "snippets.parquet").is_file()
     assert (out / "copycheck" / "train" / "audit" / "ens-1" / "done.json").is_file()

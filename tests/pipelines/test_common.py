@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from mia_ray.actors import BATCH, in_model_batches
-from mia_ray.pipelines.common import BLOCK_ROWS, model_blocks
+from mia_ray.stages import BLOCK_ROWS, model_blocks
 
 TEXTS = [f"Snippet {i}: " + "to be or not to be, " * (1 + (7 * i) % 11) for i in range(150)]
 
