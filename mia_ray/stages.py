@@ -63,6 +63,12 @@ def marker(path: Path) -> dict | None:
         return None
 
 
+def stage_key(path: Path) -> str:
+    """The key a stage folder was computed for ("" when it holds no marker)."""
+    got = marker(Path(path))
+    return got.get("key", "") if got else ""
+
+
 def _record(ws: storage.Workspace | None, rel: str | None, key: str, kind: str, reused: bool):
     if ws is None or rel is None:
         return
@@ -93,7 +99,7 @@ def _open(out: Path, name: str, key: str, kind: str, keep_same_key: bool = False
         ws.pull(rel)
     got = marker(path)
     same = got is not None and got.get("key") == key and got.get("kind") == kind
-    if same and (got.get("complete") or keep_same_key):
+    if same and (holds(got, key) or keep_same_key):
         return path, ws, rel, got
     if path.exists():
         if got is not None:
@@ -105,14 +111,7 @@ def _open(out: Path, name: str, key: str, kind: str, keep_same_key: bool = False
 
 
 def _close(path: Path, ws, rel, name: str, key: str, kind: str, meta: dict | None) -> dict:
-    info = {
-        "stage": name,
-        "key": key,
-        "kind": kind,
-        "run": ws.run_id if ws is not None else "",
-        "complete": True,
-        **(meta or {}),
-    }
+    info = record(name, key, kind, meta, ws.run_id if ws is not None else "")
     write_json(path / MARKER, info)  # last: a folder with this marker is whole
     if ws is not None and rel:
         ws.push(rel)
@@ -120,60 +119,110 @@ def _close(path: Path, ws, rel, name: str, key: str, kind: str, meta: dict | Non
     return info
 
 
-def json_stage(out: Path, name: str, key: str, compute: Callable[[], Any]) -> Any:
-    """The JSON value ``compute()`` gives for ``key``, computed once."""
-    path, ws, rel, got = _open(out, name, key, "json")
+def json_stage(out: Path, name: str, key: str, compute: Callable[[], Any], reused: str = "") -> Any:
+    """The JSON value ``compute()`` gives for ``key``, computed once (``reused``: a log line
+    for when it is not computed)."""
+    got = reuse_json(out, name, key, reused)
     if got is not None:
-        _record(ws, rel, key, "json", reused=True)
-        return read_json(path / "value.json")
-    value = compute()
+        return got
+    return save_json(out, name, key, compute())
+
+
+def reuse_json(out: Path, name: str, key: str, reused: str = "") -> Any | None:
+    """The value of json stage ``name`` when it holds ``key``, else None (and the stage is
+    cleared for :func:`save_json`): for values that arrive out of order (Ray tasks)."""
+    path, ws, rel, got = _open(out, name, key, "json")
+    if got is None:
+        return None
+    _record(ws, rel, key, "json", reused=True)
+    if reused:
+        log(reused)
+    return read_json(path / "value.json")
+
+
+def save_json(out: Path, name: str, key: str, value: Any) -> Any:
+    """Write json stage ``name`` (``value`` for ``key``); return ``value``."""
+    path = Path(out) / name
+    ws, rel = _where(path)
     write_json(path / "value.json", value)
     _close(path, ws, rel, name, key, "json", None)
-    return read_json(path / "value.json")  # what a rerun reads: the same value either way
+    return value
 
 
-def frame_stage(out: Path, name: str, key: str, compute: Callable[[], pd.DataFrame]):
+def frame_stage(
+    out: Path, name: str, key: str, compute: Callable[[], pd.DataFrame], reused: str = ""
+):
     """The table ``compute()`` gives for ``key``, computed once (parquet)."""
+    got = reuse_frame(out, name, key, reused)
+    return got if got is not None else save_frame(out, name, key, compute())
+
+
+def reuse_frame(out: Path, name: str, key: str, reused: str = ""):
+    """:func:`reuse_json` for a table."""
+    import pandas as pd
+
+    path, ws, rel, got = _open(out, name, key, "frame")
+    if got is None:
+        return None
+    _record(ws, rel, key, "frame", reused=True)
+    if reused:
+        log(reused)
+    return pd.read_parquet(path / "frame.parquet")
+
+
+def save_frame(out: Path, name: str, key: str, frame):
+    """:func:`save_json` for a table; returns it as read back (parquet keeps it exactly)."""
     import pandas as pd
 
     from mia_ray.reports.io import write_parquet
 
-    path, ws, rel, got = _open(out, name, key, "frame")
-    if got is None:
-        write_parquet(path / "frame.parquet", compute())
-        _close(path, ws, rel, name, key, "frame", None)
-    else:
-        _record(ws, rel, key, "frame", reused=True)
+    path = Path(out) / name
+    ws, rel = _where(path)
+    write_parquet(path / "frame.parquet", frame)
+    _close(path, ws, rel, name, key, "frame", None)
     return pd.read_parquet(path / "frame.parquet")
 
 
 def folder_stage(
-    out: Path, name: str, key: str, compute: Callable[[Path], dict | None]
+    out: Path, name: str, key: str, compute: Callable[[Path], dict | None], reused: str = ""
 ) -> tuple[Path, dict]:
-    """The folder ``compute(folder)`` fills for ``key`` (an adapter, a model), computed once;
-    returns the folder and its marker (with the dict ``compute`` returned in it)."""
+    """The folder ``compute(folder)`` fills for ``key`` (an adapter, a model's answers),
+    computed once; returns the folder and its marker (with the dict ``compute`` returned in
+    it). ``reused``: a log line for when it is not computed."""
     path, ws, rel, got = _open(out, name, key, "folder")
     if got is not None:
         _record(ws, rel, key, "folder", reused=True)
+        if reused:
+            log(reused)
         return path, got
     path.mkdir(parents=True, exist_ok=True)
     meta = compute(path)
     return path, _close(path, ws, rel, name, key, "folder", meta)
 
 
+def record(name: str, key: str, kind: str, meta: dict | None = None, run: str = "") -> dict:
+    """A finished stage's marker: what it is, the key it holds, and ``meta`` (its record)."""
+    return {"stage": name, "key": key, "kind": kind, "run": run, "complete": True, **(meta or {})}
+
+
+def holds(got: dict | None, key: str) -> bool:
+    """Whether marker ``got`` is a finished stage's for ``key``."""
+    return got is not None and got.get("key") == key and bool(got.get("complete"))
+
+
 def done(store: storage.Storage, rel: str, key: str) -> dict | None:
     """On any node: the marker of stage ``rel`` in storage ``store`` when it holds ``key``."""
     try:
-        got = store.read_json(f"{rel}/{MARKER}")
+        got = store.read_json(f"{rel}/{MARKER}" if rel else MARKER)
     except (OSError, ValueError):
         return None
-    return got if got.get("key") == key and got.get("complete") else None
+    return got if holds(got, key) else None
 
 
 def commit(store: storage.Storage, rel: str, key: str, kind: str, meta: dict | None = None):
     """On any node, after writing stage ``rel`` into storage ``store``: its marker, last."""
-    info = {"stage": rel, "key": key, "kind": kind, "complete": True, **(meta or {})}
-    store.write_json(f"{rel}/{MARKER}", info)
+    info = record(rel, key, kind, meta)
+    store.write_json(f"{rel}/{MARKER}" if rel else MARKER, info)
     return info
 
 
@@ -246,7 +295,10 @@ def parts_stage(
             f"{what}: {len(done_ids) + n_new}/{total} rows in {took:.0f} s "
             f"({n_new / max(took, 1e-9):.1f}/s)"
         )
-    _close(path, ws, rel, name, key, "parts", {"rows": total})
+    if got is not None and got.get("complete") and not n_new:
+        _record(ws, rel, key, "parts", reused=True)
+    else:
+        _close(path, ws, rel, name, key, "parts", {"rows": total})
     if not load:
         return parts
     return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)

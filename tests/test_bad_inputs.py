@@ -85,6 +85,17 @@ def _broken_weights(tmp: Path, model: Path) -> None:
     weights.write_bytes(weights.read_bytes()[:1000])
 
 
+def _tokenizer_past_embeddings(tmp: Path, model: Path) -> None:
+    """A reference whose tokenizer gained tokens its embedding matrix has no rows for."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    shutil.copytree(model, tmp / "ref")
+    tok = AutoTokenizer.from_pretrained(tmp / "ref")
+    rows = AutoConfig.from_pretrained(tmp / "ref").vocab_size
+    tok.add_tokens([f"<extra-{i}>" for i in range(rows - len(tok) + 3)])
+    tok.save_pretrained(tmp / "ref")
+
+
 def _rewrite_labels(fn: Callable[[dict], dict]) -> Callable[[Path, Path], None]:
     def setup(tmp: Path, model: Path) -> None:
         path = tmp / "labels.json"
@@ -106,6 +117,7 @@ def _old_report_and_binary_doc(tmp: Path, model: Path) -> None:
     (out / "report.json").write_text('{"old": true}')
     (out / "report.html").write_text("<p>old</p>")
     (out / "error.log").write_text("a traceback of a run before that")
+    (out / "snippet_scores.parquet").write_bytes(b"the old run's rows")
     (tmp / "docs" / "doc1.txt").write_bytes(b"\x00\x01PNG\x00" * 10)
 
 
@@ -117,6 +129,9 @@ def _old_report_set_aside(out: Path) -> None:
     assert json.loads((out / "previous" / "report.json").read_text()) == {"old": True}
     assert (out / "previous" / "report.html").read_text() == "<p>old</p>"
     assert "bootstrap: 1000" in (out / "previous" / "config.yaml").read_text()
+    # The old run's outputs go with its report: the folder never mixes two runs.
+    assert not (out / "snippet_scores.parquet").exists()
+    assert (out / "previous" / "snippet_scores.parquet").read_bytes() == b"the old run's rows"
 
 
 ROWS = [
@@ -209,6 +224,10 @@ ROWS = [
     Bad("weights cut short", (*OWN, *_sets("model.name_or_path={tmp}/model")),
         "model.name_or_path: weights file model.safetensors of '{tmp}/model' is cut short: "
         "1000 bytes", ray=True, setup=_broken_weights),
+    Bad("reference tokenizer past its embeddings", (*OWN, *_sets("model.reference={tmp}/ref",
+        "attack.attacks=[loss,ref]")),
+        "model.reference: '{tmp}/ref' has a tokenizer of {ref_tokens} tokens but an embedding "
+        "matrix of {ref_rows} rows", ray=True, setup=_tokenizer_past_embeddings),
     # ---- a rerun that fails leaves no report of another config beside its config.yaml
     Bad("failed rerun over an old report", OWN, "document doc1.txt looks binary", ray=True,
         setup=_old_report_and_binary_doc, check=_old_report_set_aside),
@@ -253,6 +272,11 @@ def test_bad_input(row: Bad, model, tmp_path, capsys, monkeypatch):
         "labels": str(tmp_path / "labels.json"),
         "model": str(model),
     }
+    if (tmp_path / "ref").is_dir():
+        from transformers import AutoConfig, AutoTokenizer
+
+        fill["ref_tokens"] = str(len(AutoTokenizer.from_pretrained(tmp_path / "ref")))
+        fill["ref_rows"] = str(AutoConfig.from_pretrained(tmp_path / "ref").vocab_size)
     argv = [a.format(**fill) for a in row.argv] + ["--out", str(out)]
     existed = out.exists()
 

@@ -48,18 +48,35 @@ def check_model_early(
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     try:
-        AutoConfig.from_pretrained(name, **kwargs)
+        config = AutoConfig.from_pretrained(name, **kwargs)
     except Exception as e:
         raise MiaError(f"{what}: " + describe_load_failure(name, e)) from None
     try:
-        load_tokenizer(name, revision, trust_remote_code, gguf_file)
+        tok = load_tokenizer(name, revision, trust_remote_code, gguf_file)
     except MiaError as e:
         raise MiaError(f"{what}: {e}") from None
+    rows = embedding_rows(config)
+    if rows and len(tok) > rows:
+        # Token ids past the embedding matrix fail deep inside the first forward pass
+        # (IndexError: index out of range in self), after any work before it.
+        raise MiaError(
+            f"{what}: {name!r} has a tokenizer of {len(tok)} tokens but an embedding matrix "
+            f"of {rows} rows, so token ids {rows}..{len(tok) - 1} cannot be scored; give the "
+            "tokenizer the model was trained with, or resize the model's embeddings "
+            "(model.resize_token_embeddings(len(tokenizer))) and save it"
+        )
     folder = Path(name).expanduser()
     for path in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
         problem = _safetensors_problem(path)
         if problem:
             raise MiaError(f"{what}: weights file {path.name} of {name!r} {problem}")
+
+
+def embedding_rows(config) -> int:
+    """The rows of a model's input embedding matrix as its config states them (0: unknown);
+    for a vision-language model, its language model's."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(getattr(text, "vocab_size", 0) or 0)
 
 
 def _safetensors_problem(path: Path) -> str:

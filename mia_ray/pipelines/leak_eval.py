@@ -291,13 +291,9 @@ def backend_spec(cfg: LeakageJobConfig, path: str, ident: str, out: Path) -> dic
 
 def run_eval(cfg: LeakageJobConfig, found: pd.DataFrame, out: Path) -> dict[str, Any]:
     """Instances, then every target in turn; returns ``{"instances", "models": {name: ...}}``."""
-    import ray
-
-    from mia_ray import storage
-    from mia_ray.actors.backend import BackendActor
     from mia_ray.features.leaks import DETECTION_HEADER, REFUSALS
-    from mia_ray.reports.io import read_json, write_json, write_parquet
-    from mia_ray.runtime import ray_options
+    from mia_ray.reports.io import write_parquet
+    from mia_ray.stages import folder_stage
 
     inst = instances(cfg, found)
     if inst.empty:
@@ -308,51 +304,60 @@ def run_eval(cfg: LeakageJobConfig, found: pd.DataFrame, out: Path) -> dict[str,
     write_parquet(out / "eval" / "instances.parquet", inst)
     counts = inst[inst["label"] == 1].groupby(["category", "role"]).size().unstack(fill_value=0)
     log(f"eval: leaked instances per category and role: {counts.to_dict('index')}")
-    b, res = cfg.backend, cfg.resources
+    b = cfg.backend
     models: dict[str, Any] = {}
     for name in cfg.eval.targets:
         # serve: a local model behind `mia-ray serve` on loopback, reached over real HTTP.
         path = resolve_target(cfg, name) if b.kind == "local" or b.serve else name
         safe = name.strip("@").replace(":", "-").replace("/", "_")
-        d = out / "eval" / safe
         ident = target_key(cfg, path)
         fp = fingerprint(
             EVAL_FORMAT, ident, to_dict(cfg.eval), to_dict(b), list(inst["text"]),
             list(inst["prompt"]), list(inst["given"]), REFUSALS, DETECTION_HEADER,
         )  # fmt: skip
-        meta = d / "summary.json"
-        if meta.is_file() and read_json(meta).get("fingerprint") == fp:
-            log(f"eval: {name}: reusing the results of an earlier run")
-            models[name] = read_json(meta)["summary"]
-            continue
-        spec = backend_spec(cfg, path, ident, out)
-        stop = None
-        if b.serve:
-            from mia_ray.serve import serve_in_thread
-
-            spec["base_url"], stop = serve_in_thread(path, device=b.device, dtype=b.dtype)
-            spec["kind"] = "openai"
-        log(f"eval: {name} ({path}) through the {spec['kind']} backend")
-        if spec["kind"] == "local":
-            # The model loads in the actor, wherever Ray puts it: a driver folder goes by storage.
-            spec["model"] = storage.stage(path)
-            opts = ray_options(res, res.cpus_per_actor, res.gpus_per_actor)
-        else:
-            # An API client holds no model, but its answer cache is in --out and a served
-            # model listens on the driver's loopback: it runs on the driver's node.
-            opts = {"num_cpus": res.cpus_per_actor, "num_gpus": 0, **storage.node_affinity()}
-        actor = ray.remote(BackendActor).options(**opts).remote(spec)
-        try:
-            rows = _model_rows(cfg, actor, inst)
-        finally:
-            ray.kill(actor)
-            if stop is not None:
-                stop()
-        for k, frame in rows.items():
-            write_parquet(d / f"{k}.parquet", frame)
-        summary = {"model": path, **summarize(cfg, rows)}
-        write_json(meta, {"fingerprint": fp, "summary": summary})
-        storage.push(d)  # a finished model: a new driver's rerun reuses it
-        models[name] = summary
+        _, got = folder_stage(
+            out, f"eval/{safe}", fp,
+            lambda d, name=name, path=path, ident=ident: _evaluate(cfg, name, path, ident, inst, d, out),
+            reused=f"eval: {name}: reusing the results of an earlier run",
+        )  # fmt: skip
+        models[name] = got["summary"]
     counts = inst[inst["label"] == 1].groupby("category").size().to_dict()
     return {"instances": {k: int(v) for k, v in counts.items()}, "models": models}
+
+
+def _evaluate(cfg: LeakageJobConfig, name: str, path: str, ident: str, inst, d: Path, out: Path):
+    """One model's answers (parquet per kind in ``d``) and their summary (for the marker)."""
+    import ray
+
+    from mia_ray import storage
+    from mia_ray.actors.backend import BackendActor
+    from mia_ray.reports.io import write_parquet
+    from mia_ray.runtime import ray_options
+
+    b, res = cfg.backend, cfg.resources
+    spec = backend_spec(cfg, path, ident, out)
+    stop = None
+    if b.serve:
+        from mia_ray.serve import serve_in_thread
+
+        spec["base_url"], stop = serve_in_thread(path, device=b.device, dtype=b.dtype)
+        spec["kind"] = "openai"
+    log(f"eval: {name} ({path}) through the {spec['kind']} backend")
+    if spec["kind"] == "local":
+        # The model loads in the actor, wherever Ray puts it: a driver folder goes by storage.
+        spec["model"] = storage.stage(path)
+        opts = ray_options(res, res.cpus_per_actor, res.gpus_per_actor)
+    else:
+        # An API client holds no model, but its answer cache is in --out and a served
+        # model listens on the driver's loopback: it runs on the driver's node.
+        opts = {"num_cpus": res.cpus_per_actor, "num_gpus": 0, **storage.node_affinity()}
+    actor = ray.remote(BackendActor).options(**opts).remote(spec)
+    try:
+        rows = _model_rows(cfg, actor, inst)
+    finally:
+        ray.kill(actor)
+        if stop is not None:
+            stop()
+    for k, frame in rows.items():
+        write_parquet(d / f"{k}.parquet", frame)
+    return {"summary": {"model": path, **summarize(cfg, rows)}}

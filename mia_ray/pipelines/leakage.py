@@ -122,6 +122,7 @@ def _reference_texts(category: str, cfg: LeakageJobConfig):
 def _stores(cfg: LeakageJobConfig, out: Path) -> dict[str, str]:
     """``{category: store path}``, built once per (sources, span) and reused on a rerun."""
     from mia_ray.features.shingles import ShingleStore
+    from mia_ray.stages import folder_stage
 
     s = cfg.scan
     stores = {}
@@ -136,8 +137,8 @@ def _stores(cfg: LeakageJobConfig, out: Path) -> dict[str, str]:
         key = fingerprint(
             category, stamp, span, s.benchmark_fields if category == "benchmark" else []
         )
-        path = out / "stores" / f"{category}-{key}.npz"
-        if not path.is_file():
+
+        def build(folder: Path, category=category, span=span) -> dict:
             t0 = time.monotonic()
             ds = _reference_texts(category, cfg).map_batches(
                 _hash_batch, fn_kwargs={"span": span}, batch_format="pandas", batch_size=64
@@ -150,12 +151,15 @@ def _stores(cfg: LeakageJobConfig, out: Path) -> dict[str, str]:
                 store = ShingleStore.from_hashes(items, span)
             except MiaError as e:
                 raise MiaError(f"scan.{category} (scan.{category}_span = {span}): {e}") from None
-            store.save(path)
+            store.save(folder / "store.npz")
             log(
                 f"{category} store: {len(store.ref_ids)} texts, {len(store)} windows of {span} words "
                 f"({store.skipped} shorter texts left out) in {time.monotonic() - t0:.1f} s"
             )
-        stores[category] = str(path)
+            return None
+
+        folder, _ = folder_stage(out, f"stores/{category}", key, build)
+        stores[category] = str(folder / "store.npz")
     return stores
 
 
@@ -320,55 +324,57 @@ def _with_shard(batch, name: str):
     return batch.append_column("shard", pa.array([name] * batch.num_rows, pa.large_string()))
 
 
-def _scan_pass(cfg: LeakageJobConfig, stores: dict[str, str], todo, parts) -> None:
+def _scan_pass(
+    cfg: LeakageJobConfig, stores: dict[str, str], todo, out: Path, keys
+) -> dict[str, pd.DataFrame]:
     """One Ray Data pass over the shards in ``todo`` through one scanner pool (the actors
-    load the stores once per pass); each shard's rows are written when the pass ends."""
-    from mia_ray import storage
+    load the stores once per pass); each shard's rows are its stage ``scan/<shard>``,
+    written when the pass ends."""
+    from mia_ray.stages import save_frame
 
     t0 = time.monotonic()
     res = _scan_dataset(cfg, stores, todo)
     log(f"scanning {len(todo)} shard(s) with {cfg.scan.workers} scanner actor(s)")
     df = res.to_pandas()
     dt = time.monotonic() - t0
+    got = {}
     for name, _ in todo:
         part = df[df["shard"] == name].sort_values("doc_id").reset_index(drop=True)
-        parts[name].parent.mkdir(parents=True, exist_ok=True)
-        tmp = parts[name].with_name(parts[name].name + ".tmp")
-        part.to_parquet(tmp, index=False)
-        tmp.replace(parts[name])
-        storage.push(parts[name])  # a finished shard: a new driver's rerun skips it
+        got[name] = save_frame(out, f"scan/{name}", keys[name], part)  # a rerun skips it
         log(f"shard {name}: {len(part)} documents, {part['bytes'].sum() / 1e6:.2f} MB")
     log(
         f"scanned {len(df)} documents, {df['bytes'].sum() / 1e6:.2f} MB in {dt:.1f} s "
         f"({len(df) / max(dt, 1e-9):.0f} documents/s)"
     )
+    return got
 
 
 def _scan(cfg: LeakageJobConfig, stores: dict[str, str], out: Path) -> pd.DataFrame:
     """Every shard not scanned before, ``scan.shards_per_pass`` at a time through one scanner
     pool each; one parquet file per shard, so a rerun (or a resumed run) skips finished ones."""
     s, c = cfg.scan, cfg.crawl
-    # Everything a shard's rows depend on: the stores (their file names carry their own
-    # key; not their folder, so a new driver whose --out is elsewhere resumes), the
-    # scanner's settings and row format, the fields read, the shard's bytes.
-    names = {category: Path(path).name for category, path in stores.items()}
+    from mia_ray.stages import reuse_frame, stage_key
+
+    # Everything a shard's rows depend on: the stores (by their stages' keys; not their
+    # folder, so a new driver whose --out is elsewhere resumes), the scanner's settings and
+    # row format, the fields read, the shard's bytes.
+    names = {category: stage_key(Path(path).parent) for category, path in stores.items()}
     key = fingerprint(
         SCAN_FORMAT, names, sorted(s.pii_types), s.names, s.instance_words,
         c.text_field, c.id_field,
     )  # fmt: skip
-    parts, todo = {}, []
+    keys, frames, todo = {}, {}, []
     for shard in cfg.crawl.shards:
         name = Path(shard).name
-        parts[name] = out / "scan" / f"{name}-{fingerprint(key, tree_sha256(shard))}.parquet"
-        if parts[name].is_file():
-            log(f"shard {name}: reusing the earlier scan")
-        else:
+        keys[name] = fingerprint(key, tree_sha256(shard))
+        reused = f"shard {name}: reusing the earlier scan"
+        frames[name] = reuse_frame(out, f"scan/{name}", keys[name], reused)
+        if frames[name] is None:
             todo.append((name, shard))
     step = max(1, s.shards_per_pass)
     for first in range(0, len(todo), step):
-        _scan_pass(cfg, stores, todo[first : first + step], parts)
-    return pd.concat([pd.read_parquet(parts[Path(p).name]) for p in cfg.crawl.shards],
-                     ignore_index=True)  # fmt: skip
+        frames.update(_scan_pass(cfg, stores, todo[first : first + step], out, keys))
+    return pd.concat([frames[Path(p).name] for p in cfg.crawl.shards], ignore_index=True)
 
 
 def _findings(docs: pd.DataFrame) -> pd.DataFrame:

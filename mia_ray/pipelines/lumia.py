@@ -32,7 +32,7 @@ from mia_ray.pipelines.common import (
 )
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
-from mia_ray.stages import parts_stage
+from mia_ray.stages import parts_stage, reuse_json, save_json
 
 FPR = 0.01  # the report's TPR@FPR point (the paper reports AUC only)
 
@@ -195,7 +195,6 @@ def _train_probes(
     import ray
 
     from mia_ray.actors.activations import load_layer, parse_column
-    from mia_ray.reports.io import read_json
     from mia_ray.runtime import ray_options
 
     names = [c for c in pq.read_schema(parts[0]).names if parse_column(c)]
@@ -209,8 +208,6 @@ def _train_probes(
         "patience": p.patience,
         "batch_size": p.batch_size,
     }
-    cache = out / "probes"
-    cache.mkdir(parents=True, exist_ok=True)
     y = meta["label"].to_numpy()
     groups = meta["doc_id"].to_numpy()
     order = pd.Series(np.arange(len(meta)), index=meta["snippet_id"])
@@ -220,9 +217,9 @@ def _train_probes(
     pending: dict[Any, str] = {}
     t0 = time.time()
     for name in names:
-        f = cache / f"{name}.json"
-        if f.exists() and read_json(f).get("fingerprint") == fp:
-            results[name] = read_json(f)["result"]
+        got = reuse_json(out, f"probes/{name}", fp)
+        if got is not None:
+            results[name] = got
             continue
         ids, X = load_layer(parts, name)
         if len(ids) != len(meta) or set(ids) != set(meta["snippet_id"]):
@@ -233,27 +230,23 @@ def _train_probes(
         )
         pending[ref] = name
         if not p.parallel:
-            _collect(pending, results, cache, fp, len(names), block=True)
+            _collect(pending, results, out, fp, len(names))
     while pending:
-        _collect(pending, results, cache, fp, len(names), block=True)
+        _collect(pending, results, out, fp, len(names))
     if len(results) < len(names):
         raise MiaError("probe training lost layers: rerun to resume")
     log(f"probes: {len(names)} layers done in {time.time() - t0:.1f} s")
     return {n: results[n] for n in names}, time.time() - t0
 
 
-def _collect(pending: dict, results: dict, cache: Path, fp: str, total: int, block: bool) -> None:
+def _collect(pending: dict, results: dict, out: Path, fp: str, total: int) -> None:
+    """The next finished layer's probes, kept as the stage ``probes/<layer>``."""
     import ray
 
-    from mia_ray import storage
-    from mia_ray.reports.io import write_json
-
-    ready, _ = ray.wait(list(pending), num_returns=1, timeout=None if block else 0)
+    ready, _ = ray.wait(list(pending), num_returns=1)
     for ref in ready:
         name = pending.pop(ref)
-        results[name] = ray.get(ref)
-        write_json(cache / f"{name}.json", {"fingerprint": fp, "result": results[name]})
-        storage.push(cache / f"{name}.json")  # a checkpoint a new driver resumes from
+        results[name] = save_json(out, f"probes/{name}", fp, ray.get(ref))
         log(f"probes: {len(results)}/{total} layers ({name})")
 
 

@@ -110,14 +110,6 @@ def _inside(path: str | os.PathLike, folder: Path) -> str | None:
         return None
 
 
-def _push(path: Path) -> None:
-    """A checkpoint of the run (a file or folder in ``--out``) into storage, where a new
-    driver (or a sweep cell run again) resumes from it; nothing outside a run."""
-    ws = storage.current()
-    if ws is not None and _inside(path, ws.local) is not None:
-        ws.push(path)
-
-
 def _remote(path: str) -> str:
     """What remote code (an actor, a task) loads for a model or adapter folder ``path`` of
     this process: on one machine the path itself; on a distributed run, for a folder of the
@@ -316,59 +308,69 @@ def _extract(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: Path, ad
     prompt from seed (p, j), so a budget's prompts are the first k of the largest one's, and
     the batch's wall clock is that budget's cost. Rows: split, budget, pair_id, trial, prompt,
     out_ids, mu, loss, round_s. Cached per split."""
-    from mia_ray.reports.io import write_parquet
-    from mia_ray.train.hunter import pair_seed
+    from mia_ray.stages import frame_stage
 
-    h, ks = cfg.hunter, sorted(set(cfg.extraction.trials))
+    ks = sorted(set(cfg.extraction.trials))
     fp = _extraction_key(cfg, adapter)
     frames = []
     for split in cfg.extraction.splits:
         part = pairs[pairs["split"] == split]
         if part.empty:
             continue
-        f = out / "extraction" / f"{split}-{fingerprint(fp, _pairs_key(part))}.parquet"
-        if f.exists():
-            frames.append(pd.read_parquet(f))
-            continue
-        rows = []
-        for k in ks:
-            batch = part.loc[part.index.repeat(k)].assign(trial=np.tile(np.arange(k), len(part)))
-            t0 = time.perf_counter()
-            seeds = [
-                pair_seed(cfg.extraction.seed, "trial", p, j)
-                for p, j in zip(batch["pair_id"], batch["trial"], strict=True)
-            ]
-            prompts = hunter.sample(
-                list(batch["x"]), h.prompt_tokens, h.sample_top_k, h.sample_temperature, seeds
+        key = fingerprint(fp, _pairs_key(part))
+        frames.append(
+            frame_stage(
+                out,
+                f"extraction/{split}",
+                key,
+                lambda s=split, p=part: _extract_split(cfg, hunter, target, s, p, ks),
             )
-            texts = [hunter.decode(p) for p in prompts]
-            res = target.frame(batch[["pair_id", "trial", "x_ids", "y_ids"]].assign(prompt=texts))
-            dt = time.perf_counter() - t0
-            rows.append(res.assign(split=split, budget=k, round_s=dt))
-            log(f"extraction [{split}]: k = {k}, {len(batch)} prompts side by side ({dt:.1f} s)")
-        df = pd.concat(rows, ignore_index=True)
-        cols = ["split", "budget", "pair_id", "trial", "prompt", "out_ids", "mu", "loss", "round_s"]
-        write_parquet(f, df[cols])
-        _push(f)
-        frames.append(df[cols])
+        )
     return pd.concat(frames, ignore_index=True)
 
 
-def _stage(out: Path, name: str, fp: str, compute) -> tuple[list[dict], pd.DataFrame]:
-    """``compute() -> (rows, frame)``, stored under ``out/stages``; a rerun with the same
-    fingerprint reads them back instead."""
-    from mia_ray.reports.io import read_json, write_json, write_parquet
+def _extract_split(
+    cfg, hunter, target: TargetPool, split: str, part: pd.DataFrame, ks
+) -> pd.DataFrame:
+    """One split's extraction rows (see :func:`_extract`)."""
+    from mia_ray.train.hunter import pair_seed
 
-    meta, data = out / "stages" / f"{name}.json", out / "stages" / f"{name}.parquet"
-    if meta.exists() and data.exists() and read_json(meta).get("fingerprint") == fp:
-        log(f"{name}: reusing the results of an earlier run")
-        return read_json(meta)["rows"], pd.read_parquet(data)
-    rows, frame = compute()
-    write_parquet(data, frame)
-    write_json(meta, {"fingerprint": fp, "rows": rows})
-    _push(data)
-    _push(meta)  # last: a new driver that finds it finds the data too
-    return rows, frame
+    h = cfg.hunter
+    rows = []
+    for k in ks:
+        batch = part.loc[part.index.repeat(k)].assign(trial=np.tile(np.arange(k), len(part)))
+        t0 = time.perf_counter()
+        seeds = [
+            pair_seed(cfg.extraction.seed, "trial", p, j)
+            for p, j in zip(batch["pair_id"], batch["trial"], strict=True)
+        ]
+        prompts = hunter.sample(
+            list(batch["x"]), h.prompt_tokens, h.sample_top_k, h.sample_temperature, seeds
+        )
+        texts = [hunter.decode(p) for p in prompts]
+        res = target.frame(batch[["pair_id", "trial", "x_ids", "y_ids"]].assign(prompt=texts))
+        dt = time.perf_counter() - t0
+        rows.append(res.assign(split=split, budget=k, round_s=dt))
+        log(f"extraction [{split}]: k = {k}, {len(batch)} prompts side by side ({dt:.1f} s)")
+    df = pd.concat(rows, ignore_index=True)
+    cols = ["split", "budget", "pair_id", "trial", "prompt", "out_ids", "mu", "loss", "round_s"]
+    return df[cols]
+
+
+def _stage(out: Path, name: str, fp: str, compute) -> tuple[list[dict], pd.DataFrame]:
+    """``compute() -> (rows, frame)`` as the folder stage ``stages/<name>`` (the frame in
+    it, the rows in its marker); a rerun with the same key reads them back instead."""
+    from mia_ray.reports.io import write_parquet
+    from mia_ray.stages import folder_stage
+
+    def fill(folder: Path) -> dict:
+        rows, frame = compute()
+        write_parquet(folder / "frame.parquet", frame)
+        return {"rows": rows}
+
+    reused = f"{name}: reusing the results of an earlier run"
+    folder, got = folder_stage(out, f"stages/{name}", fp, fill, reused=reused)
+    return got["rows"], pd.read_parquet(folder / "frame.parquet")
 
 
 def _memhunter_rows(runs: pd.DataFrame) -> list[dict]:
@@ -719,6 +721,17 @@ def _test_row(kind: str, suspect: str, against: str, fn, *args, alpha: float) ->
     }
 
 
+def _lcss_of(cfg, name: str, path: str, probes: pd.DataFrame) -> pd.DataFrame:
+    """The dataset test's probes scored by model ``path`` (split, pair_id, trial, mu)."""
+    log(f"dataset test: LCSS of {name} ({path})")
+    pool = TargetPool(path, cfg)
+    try:
+        cols = ["split", "pair_id", "trial", "prompt", "x_ids", "y_ids"]
+        return pool.frame(probes[cols])[["split", "pair_id", "trial", "mu"]]
+    finally:
+        pool.close()
+
+
 def _dataset_test(
     cfg,
     hunter,
@@ -733,7 +746,7 @@ def _dataset_test(
     suspect: the paper's t-test vs the proxy (unpaired Welch, reported as the paper's), the
     one-sided paired t-test vs the reference, the paired TOST against the proxy, and the
     verdict: the suspect's gain over the reference on members vs on nonmembers."""
-    from mia_ray.reports.io import write_parquet
+    from mia_ray.stages import frame_stage
     from mia_ray.stats.hypothesis import gap_greater, paired_greater, paired_tost, paper_ttest
 
     d = cfg.dataset_test
@@ -751,21 +764,14 @@ def _dataset_test(
     lcss: dict[str, pd.Series] = {}
     for name, path in dict.fromkeys(paths.items()):
         mine = path == cfg.model.name_or_path
-        f = out / "dataset_test" / f"{fingerprint(_target_key(cfg, path), probe_key)}.parquet"
         if mine and "mu" in probes and probes["mu"].notna().all():
             res = probes[["split", "pair_id", "trial", "mu"]]
-        elif f.exists():
-            res = pd.read_parquet(f)
         else:
-            log(f"dataset test: LCSS of {name} ({path})")
-            pool = TargetPool(path, cfg)
-            try:
-                cols = ["split", "pair_id", "trial", "prompt", "x_ids", "y_ids"]
-                res = pool.frame(probes[cols])[["split", "pair_id", "trial", "mu"]]
-            finally:
-                pool.close()
-            write_parquet(f, res)
-            _push(f)
+            safe = name.strip("@").replace(":", "-").replace("/", "_")
+            key = fingerprint(_target_key(cfg, path), probe_key)
+            res = frame_stage(
+                out, f"dataset_test/{safe}", key, lambda n=name, p=path: _lcss_of(cfg, n, p, probes)
+            )
         lcss[name] = res.groupby(["split", "pair_id"])["mu"].max().sort_index()
 
     def on(name: str, split: str) -> pd.Series:

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from mia_ray.errors import MiaError
+from mia_ray.stages import MARKER, holds
+from mia_ray.stages import record as stage_record
 
-DONE = "done.json"
+DONE = MARKER  # the member folder is a stage: its marker holds the key (fingerprint)
 
 
 def member_seed(name: str, seed: int) -> int:
@@ -175,8 +177,8 @@ def train_member(
 ) -> dict[str, Any]:
     """Fine-tune one member on (snippet, pseudo-label) pairs; save its adapter to ``out_dir``.
 
-    Skips (and returns the saved record) when ``out_dir/done.json`` holds the same
-    fingerprint: the adapter of a finished member is never retrained. ``prepare(trainer)``
+    Skips (and returns the saved record) when the member folder's stage marker holds the
+    same fingerprint: the adapter of a finished member is never retrained. ``prepare(trainer)``
     wraps the HF Trainer (Ray Train's data-parallel preparation); ``save=False`` on all but
     one of several workers. ``deepspeed``: the DeepSpeed config itself, in place of the file
     ``spec.deepspeed`` names (a node without the driver's disk gets the config, not its path).
@@ -191,7 +193,7 @@ def train_member(
     done = out / DONE
     if done.exists():
         record = json.loads(done.read_text())
-        if record.get("fingerprint") == fingerprint:
+        if holds(record, fingerprint):
             record["skipped"] = True
             return record
     if not texts or len(set(labels)) < 2:
@@ -287,8 +289,8 @@ def train_member(
         "elapsed_s": round(time.monotonic() - t0, 2),
         "threads": torch.get_num_threads(),
         "device": dev,
-        "fingerprint": fingerprint,
     }
+    record = stage_record(name, fingerprint, "folder", record)
     print(
         f"[train {out.parent.name}/{name}] {steps} steps on {len(data)} snippets, loss "
         f"{record['first_loss'] or 0:.3f} -> {record['final_loss'] or 0:.3f}, "

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mia_ray.errors import MiaError
+from mia_ray.stages import holds
 from mia_ray.train.copycheck import DONE, train_member
 
 
@@ -46,7 +47,7 @@ def _done_record(job: dict[str, Any]) -> dict[str, Any] | None:
 
 def finished(job: dict[str, Any]) -> bool:
     record = _done_record(job)
-    return record is not None and record.get("fingerprint") == job["fingerprint"]
+    return holds(record, job["fingerprint"])
 
 
 def _spec(job: dict[str, Any]):
@@ -116,7 +117,7 @@ def run_job(
     store = open_storage(job["out_url"])
     if world_size == 1:  # (several workers: the trial checked before it started them)
         record = _done_record(job)
-        if record is not None and record.get("fingerprint") == job["fingerprint"]:
+        if holds(record, job["fingerprint"]):
             return {**record, "skipped": True}  # a retried trial whose member was committed
     attempts: list[dict[str, Any]] = []
     if save:
@@ -384,9 +385,7 @@ def train_members(
             )
     records = [_done_record(j) for j in jobs]
     missing = [
-        j["member"]
-        for j, r in zip(jobs, records, strict=True)
-        if r is None or r.get("fingerprint") != j["fingerprint"]
+        j["member"] for j, r in zip(jobs, records, strict=True) if not holds(r, j["fingerprint"])
     ]
     if missing:
         raise MiaError(f"fine-tuning did not finish members {missing}")

@@ -177,7 +177,7 @@ def test_finished_member_is_skipped_and_a_changed_one_retrained(adapters, tmp_pa
     assert first["seed"] == spec.seed + 3  # ensemble member i trains with seed + 1 + i
     changed = train_member("ens-2", *args, threads=1, fingerprint="b")
     assert "skipped" not in changed
-    assert json.loads((tmp_path / "ens-2" / "done.json").read_text())["fingerprint"] == "b"
+    assert json.loads((tmp_path / "ens-2" / ".complete.json").read_text())["key"] == "b"
 
 
 def test_snippet_seed_is_stable_and_distinct():

@@ -214,7 +214,7 @@ def test_copycheck_gives_each_suspected_file_a_verdict_and_pushes_its_parts(
     assert (store / "samples" / "audit" / "mcd" / ".complete.json").is_file()
     assert list((store / "samples" / "audit" / "ensemble").glob("part-*.parquet"))
     assert (store / "train" / "audit" / "snippets.parquet").is_file()
-    assert (out / "copycheck" / "train" / "audit" / "ens-1" / "done.json").is_file()
+    assert (out / "copycheck" / "train" / "audit" / "ens-1" / ".complete.json").is_file()
 
 
 @pytest.mark.ray

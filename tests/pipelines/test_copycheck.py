@@ -86,7 +86,7 @@ def test_report_says_the_mc_dropout_mode_the_kl_weight_and_the_warmup(run):
 
 def test_rerun_retrains_nothing_and_gives_identical_numbers(run, test_world, capfd):
     out, report = run
-    stamps = {p: p.stat().st_mtime_ns for p in out.glob("train/*/*/done.json")}
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("train/*/*/.complete.json")}
     assert len(stamps) == len(N_UNSEEN) * 5
     assert main(_args(test_world, out)) == 0
     assert "10 of 10 members already trained" in capfd.readouterr().err

@@ -116,7 +116,8 @@ def test_the_attacks_take_the_targets_statistics_from_the_activation_pass(run, t
 def test_rerun_recomputes_nothing_and_gives_identical_numbers(run, test_world, capfd):
     out, report = run
     stamps = {p: p.stat().st_mtime_ns for p in (out / "tiny").rglob("*.parquet")}
-    stamps.update({p: p.stat().st_mtime_ns for p in (out / "tiny" / "probes").glob("*.json")})
+    stamps.update({p: p.stat().st_mtime_ns for p in (out / "tiny" / "probes").rglob("*.json")})
+    assert len(stamps) > 4  # the activation parts and every layer's probes
     capfd.readouterr()
     assert main(_args(test_world, out)) == 0
     err = capfd.readouterr().err

@@ -48,11 +48,13 @@ def test_members_train_as_trials_and_a_rerun_trains_nothing(tmp_path, ray_local,
     assert all(finished(j) for j in jobs)
     assert [r["seed"] for r in records] == [0, 1, 2]
     assert all(r["steps"] == 4 for r in records)  # 16 snippets, batch 4, one epoch
-    stamps = [(tmp_path / m / "done.json").stat().st_mtime_ns for m in ("mcd", "ens-0", "ens-1")]
+    stamps = [
+        (tmp_path / m / ".complete.json").stat().st_mtime_ns for m in ("mcd", "ens-0", "ens-1")
+    ]
     again = train_members(jobs, tmp_path / "tune", cpus=1, log=logs.append)
     assert again == records and logs[-1] == "fine-tuning: 3 of 3 members already trained"
     assert [
-        (tmp_path / m / "done.json").stat().st_mtime_ns for m in ("mcd", "ens-0", "ens-1")
+        (tmp_path / m / ".complete.json").stat().st_mtime_ns for m in ("mcd", "ens-0", "ens-1")
     ] == stamps
 
 
@@ -115,7 +117,7 @@ def test_with_storage_trials_get_urls_commit_there_and_the_driver_pulls_the_memb
     finally:
         storage.set_current(None)
     s = open_storage(str(store))
-    assert s.read_json("ens-1/done.json") == record
+    assert s.read_json("ens-1/.complete.json") == record
     assert s.complete("ens-1/adapter")
     assert s.read_json(f"ens-1/adapter/{COMPLETE}")["content_sha256"] == record["adapter_sha256"]
     assert s.files("train.parquet") == {} and s.exists("train.parquet")  # pushed for the trial
@@ -129,7 +131,7 @@ def test_with_storage_trials_get_urls_commit_there_and_the_driver_pulls_the_memb
         text = p.read_text(errors="replace")
         assert str(out) not in text and test_world["model"] not in text, p
     # --out holds the members as before: done.json and the adapter, pulled from storage.
-    assert json.loads((out / "ens-1" / "done.json").read_text()) == record
+    assert json.loads((out / "ens-1" / ".complete.json").read_text()) == record
     weights = "adapter/adapter_model.safetensors"
     assert (out / "ens-1" / weights).read_bytes() == (store / "ens-1" / weights).read_bytes()
     # Seeded: the same adapter and losses as the plain run's.
@@ -143,7 +145,7 @@ def test_with_storage_trials_get_urls_commit_there_and_the_driver_pulls_the_memb
     ws2 = Workspace(out2, str(store), distributed=True)
     ws2.pull()
     (job2,) = _jobs(out2, test_world, ["ens-1"])
-    stamp = (store / "ens-1" / "done.json").stat().st_mtime_ns
+    stamp = (store / "ens-1" / ".complete.json").stat().st_mtime_ns
     logs = []
     storage.set_current(ws2)
     try:
@@ -151,5 +153,5 @@ def test_with_storage_trials_get_urls_commit_there_and_the_driver_pulls_the_memb
     finally:
         storage.set_current(None)
     assert again == record and logs == ["fine-tuning: 1 of 1 members already trained"]
-    assert (store / "ens-1" / "done.json").stat().st_mtime_ns == stamp
+    assert (store / "ens-1" / ".complete.json").stat().st_mtime_ns == stamp
     assert (out2 / "ens-1" / weights).read_bytes() == (out / "ens-1" / weights).read_bytes()

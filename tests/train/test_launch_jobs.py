@@ -51,6 +51,6 @@ def test_trials_get_storage_urls_the_staged_base_and_the_deepspeed_config_itself
 
     # finished() reads the done record through storage, and checks its fingerprint.
     assert not finished(remote[0])
-    store.write_json("train/n4/mcd/done.json", {"fingerprint": "fp-mcd"})
-    store.write_json("train/n4/ens-0/done.json", {"fingerprint": "another recipe"})
+    store.write_json("train/n4/mcd/.complete.json", {"key": "fp-mcd", "complete": True})
+    store.write_json("train/n4/ens-0/.complete.json", {"key": "another recipe", "complete": True})
     assert finished(remote[0]) and not finished(remote[1])
