@@ -38,9 +38,10 @@ def main() -> None:
     import pandas as pd
 
     from mia_ray.actors.hunter import Hunter
+    from mia_ray.actors.target import TargetPool
     from mia_ray.config import MemHunterJobConfig, load_config
     from mia_ray.models.hf import load_tokenizer
-    from mia_ray.pipelines import memhunter
+    from mia_ray.pipelines.memhunter.inputs import read_pairs, resolve_inputs
     from mia_ray.runtime import configure_data_context, connect
     from mia_ray.train.hunter import pair_seed, train_hunter
 
@@ -52,9 +53,9 @@ def main() -> None:
         "jobs/memhunter_demo.yaml",
         [f"world.scale={args.scale}", f"world.target={args.target}", "pairs.max_per_split=0"],
     )
-    memhunter._resolve(cfg)
+    resolve_inputs(cfg)
     tok = load_tokenizer(cfg.model.name_or_path)
-    pairs, _ = memhunter._pairs(cfg, tok)
+    pairs, _ = read_pairs(cfg, tok)
     test = pairs[pairs["split"] == "test"].head(args.pairs)
     train = pairs[pairs["split"] == "train"].head(args.train_pairs)
     h = cfg.hunter
@@ -76,7 +77,7 @@ def main() -> None:
         c.resources.cpus_per_actor = (cpus - 1) / actors
         c.resources.torch_threads = max(1, cpus // actors)
         c.hunter.train_cpus = 1
-        pool = memhunter.TargetPool(c.model.name_or_path, c)
+        pool = TargetPool(c.model.name_or_path, c)
         try:
             pool.frame(probes.head(2))  # load the models before the clock starts
             t0 = time.perf_counter()

@@ -418,6 +418,38 @@ def node_affinity() -> dict[str, Any]:
     return _CURRENT.node_affinity() if _CURRENT is not None else {}
 
 
+def workspace_of(out: Path) -> Workspace:
+    """The workspace whose ``local`` holds ``out``: the CLI's run, or a sweep cell's own;
+    outside a run (a test calling ``run`` directly), ``out`` itself on this machine, where
+    every storage call below is a plain path."""
+    ws = current()
+    if ws is not None and inside(out, ws.local) is not None:
+        return ws
+    return Workspace(Path(out))
+
+
+def inside(path: str | os.PathLike, folder: Path) -> str | None:
+    """``path`` relative to ``folder`` (posix), or None when it is not inside it."""
+    try:
+        return Path(path).expanduser().resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def for_remote(path: str) -> str:
+    """What remote code (an actor, a task) loads for a model or adapter folder ``path`` of
+    this process: on one machine the path itself; on a distributed run, for a folder of the
+    run that remote code put into storage (a fine-tune's output, complete), its URL there,
+    and for anything else what :func:`stage` makes of it (a content-hashed copy)."""
+    ws = current()
+    if ws is None or not ws.distributed or not path:
+        return path
+    rel = inside(path, ws.local)
+    if rel and Path(path).is_dir() and ws.storage.complete(rel):
+        return ws.url(rel)
+    return ws.stage(path)
+
+
 def open_workspace(out: Path, storage_uri: str, mode: str) -> Workspace:
     """The run's workspace once Ray is up: decide whether the run is distributed, check that
     storage is visible from every node, and pull what storage holds that ``--out`` lacks."""

@@ -19,6 +19,8 @@ import pandas as pd
 from mia_ray.data.pairs import bos_prefix
 from mia_ray.features.lcss import memorization
 from mia_ray.models.hf import left_pad
+from mia_ray.runtime import ray_options
+from mia_ray.storage import for_remote
 
 
 class TargetLM:
@@ -236,3 +238,64 @@ class TargetLM:
             "steps": steps,
             "recovered_s": recovered,
         }
+
+
+class TargetPool:
+    """A pool of TargetLM actors holding one model (``path``, loaded with ``cfg.model``'s
+    settings on ``cfg.resources``' actors): batched scoring and GCG runs. Its launcher."""
+
+    def __init__(self, path: str, cfg):
+        import ray
+        from ray.util import ActorPool
+
+        res, m = cfg.resources, cfg.model
+        threads = res.torch_threads or max(1, int(np.ceil(res.cpus_per_actor)))
+        remote = ray.remote(TargetLM).options(
+            **ray_options(res, res.cpus_per_actor, res.gpus_per_actor),
+            # An actor whose node died starts again on another node (it loads the model from
+            # storage there) and the call it was serving runs again: scoring and GCG read
+            # nothing but their arguments, so a retried call gives the same rows.
+            max_restarts=2,
+            max_task_retries=2,
+        )
+        # The target's revision is the target's: other models (reference, proxy) load their
+        # default one, as their cache keys (models.identity.model_key) say.
+        rev = m.revision if path == m.name_or_path else ""
+        name = for_remote(path)  # never a path of this node's disk on a cluster
+        self.actors = [
+            remote.remote(name, m.device, m.dtype, rev, m.trust_remote_code, threads)
+            for _ in range(max(1, res.scorer_actors))
+        ]
+        self.pool = ActorPool(self.actors)
+        self.batch = max(1, m.batch_size)
+
+    def frame(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """Rows with prompt or prompt_ids, x_ids, y_ids -> plus out_ids, mu, loss (in order)."""
+        # Batches of at most model.batch_size, and at least one per actor when rows are few.
+        size = max(1, min(self.batch, -(-len(rows) // len(self.actors))))
+        chunks = [rows.iloc[i : i + size] for i in range(0, len(rows), size)]
+        out = list(self.pool.map(lambda a, c: a.__call__.remote(c), chunks))
+        return pd.concat(out, ignore_index=True) if out else rows.iloc[:0]
+
+    def score(self, prompts, x_ids, y_ids) -> tuple[np.ndarray, np.ndarray]:
+        res = self.frame(pd.DataFrame({"prompt": prompts, "x_ids": x_ids, "y_ids": y_ids}))
+        return res["mu"].to_numpy(dtype=float), res["loss"].to_numpy(dtype=float)
+
+    def gcg(self, jobs: list[dict]) -> list[dict]:
+        return list(self.pool.map(lambda a, j: a.gcg_run.remote(**j), jobs))
+
+    def allowed(self) -> np.ndarray:
+        import ray
+
+        return ray.get(self.actors[0].allowed_tokens.remote())
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        import ray
+
+        return ray.get(self.actors[0].encode.remote(texts))
+
+    def close(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a)

@@ -261,7 +261,7 @@ def test_target_actors_that_leave_no_cpu_for_the_fine_tune_fail_clearly(
 def test_dataset_test_names_demo_world_models(test_world, tmp_path):
     from mia_ray.config import MemHunterJobConfig, load_config
     from mia_ray.errors import MiaError
-    from mia_ray.pipelines.memhunter import _model_paths
+    from mia_ray.pipelines.memhunter.dataset_test import model_paths
 
     sets = [f"world.root={test_world['root']}", "world.scale=test", "model.reference=r"]
     cfg = load_config(
@@ -270,18 +270,18 @@ def test_dataset_test_names_demo_world_models(test_world, tmp_path):
         [*sets, "model.name_or_path=t", "hunter.model=h", "data.path=d",
          'dataset_test.suspects=["@world:tiny-random"]', 'dataset_test.proxy="@world:tiny"'],
     )  # fmt: skip
-    paths = _model_paths(cfg, {}, tmp_path)
+    paths = model_paths(cfg, {}, tmp_path)
     assert paths["@world:tiny-random"] == str(test_world["root"] + "/models/tiny-random")
     assert paths["@world:tiny"] == str(test_world["root"] + "/models/tiny")
     cfg.dataset_test.suspects = ["@world:smollm2-nope"]
     with pytest.raises(MiaError, match="the demo world has no model .*smollm2-nope"):
-        _model_paths(cfg, {}, tmp_path)
+        model_paths(cfg, {}, tmp_path)
 
 
 def test_sweep_names_any_demo_world_model_not_only_the_targets(test_world, tmp_path):
     from mia_ray.config import MemHunterJobConfig, load_config
     from mia_ray.errors import MiaError
-    from mia_ray.pipelines.memhunter import _sweep_cells
+    from mia_ray.pipelines.memhunter.sweep import sweep_cells
 
     sets = [f"world.root={test_world['root']}", "world.scale=test", "world.target="]
     cfg = load_config(
@@ -289,13 +289,13 @@ def test_sweep_names_any_demo_world_model_not_only_the_targets(test_world, tmp_p
         None,
         [*sets, 'sweep.datasets=["@world:books"]', 'sweep.models=["@world:tiny-ref"]'],
     )
-    ((ds, m, cell),) = _sweep_cells(cfg, tmp_path)
+    ((ds, m, cell),) = sweep_cells(cfg, tmp_path)
     # tiny-ref is built with the target tiny, whose reference it is.
     assert cell.model.name_or_path == test_world["root"] + "/models/tiny-ref"
     assert cell.model.reference == test_world["targets"]["tiny"]["reference"]
     cfg.sweep.models = ["@world:nope"]
     with pytest.raises(MiaError, match=r"unknown demo world model 'nope' \(known: tiny, tiny-ref,"):
-        _sweep_cells(cfg, tmp_path)
+        sweep_cells(cfg, tmp_path)
 
 
 def _fake_model(path, weights: bytes):
@@ -310,13 +310,10 @@ def test_every_cache_key_follows_the_models_contents_not_their_paths(tmp_path):
     another dtype give other keys for the hunter's folder, extraction, the dataset test's
     fine-tunes and LCSS values, and the sweep cells; the same contents give the same keys."""
     from mia_ray.config import MemHunterJobConfig, load_config
-    from mia_ray.pipelines.memhunter import (
-        _extraction_key,
-        _finetune_key,
-        _hunter_dir,
-        _identity,
-        _target_key,
-    )
+    from mia_ray.pipelines.memhunter.dataset_test import finetune_key
+    from mia_ray.pipelines.memhunter.keys import extraction_key, target_key
+    from mia_ray.pipelines.memhunter.sweep import sweep_identity
+    from mia_ray.pipelines.memhunter.training import hunter_dir
 
     t, h = _fake_model(tmp_path / "t", b"target"), _fake_model(tmp_path / "h", b"hunter")
     r, o = _fake_model(tmp_path / "r", b"ref"), _fake_model(tmp_path / "o", b"other")
@@ -333,11 +330,11 @@ def test_every_cache_key_follows_the_models_contents_not_their_paths(tmp_path):
 
     def keys():
         return {
-            "hunter": _hunter_dir(cfg, tmp_path, train)[0].name,
-            "extraction": _extraction_key(cfg, adapter),
-            "finetune": _finetune_key(cfg, "members", ["doc"]),
-            "lcss_other": _target_key(cfg, o),
-            "cell": json.dumps(_identity(cfg), sort_keys=True),
+            "hunter": hunter_dir(cfg, tmp_path, train)[0].name,
+            "extraction": extraction_key(cfg, adapter),
+            "finetune": finetune_key(cfg, "members", ["doc"]),
+            "lcss_other": target_key(cfg, o),
+            "cell": json.dumps(sweep_identity(cfg), sort_keys=True),
         }
 
     first = keys()
@@ -370,12 +367,8 @@ def test_a_cells_inputs_reach_a_node_that_lacks_the_drivers_disk(tmp_path, monke
     from mia_ray import storage
     from mia_ray.config import MemHunterJobConfig, load_config
     from mia_ray.models.identity import tree_sha256
-    from mia_ray.pipelines.memhunter import (
-        _cell_inputs,
-        _CellWorkspace,
-        _localize_cell,
-        _target_key,
-    )
+    from mia_ray.pipelines.memhunter.keys import target_key
+    from mia_ray.pipelines.memhunter.sweep import CellWorkspace, cell_inputs, localize_cell
 
     t, h = _fake_model(tmp_path / "t", b"target"), _fake_model(tmp_path / "h", b"hunter")
     r, o = _fake_model(tmp_path / "r", b"ref"), _fake_model(tmp_path / "o", b"other")
@@ -391,7 +384,7 @@ def test_a_cells_inputs_reach_a_node_that_lacks_the_drivers_disk(tmp_path, monke
     uri = f"mock:///bucket-{uuid.uuid4().hex[:8]}/run"
     storage.set_current(storage.Workspace(tmp_path / "out", uri, distributed=True))
     try:
-        inputs = _cell_inputs(cfg)
+        inputs = cell_inputs(cfg)
     finally:
         storage.set_current(None)
     # Nothing the cell loads is on the driver's disk (a model named by path keeps its name).
@@ -399,24 +392,22 @@ def test_a_cells_inputs_reach_a_node_that_lacks_the_drivers_disk(tmp_path, monke
     # On the node (its own home, its own node cache):
     monkeypatch.setenv("MIA_RAY_HOME", str(tmp_path / "node"))
     cell = copy.deepcopy(cfg)
-    named, staged = _localize_cell(cell, inputs)
+    named, staged = localize_cell(cell, inputs)
     cache = tmp_path / "node" / "node-cache"
     for mine, theirs in ((cell.model.name_or_path, t), (cell.model.reference, r),
                          (cell.hunter.model, h), (named[o], o)):  # fmt: skip
         assert Path(mine).parent == cache and tree_sha256(mine) == tree_sha256(theirs)
     assert Path(cell.data.path).read_text() == (tmp_path / "docs.jsonl").read_text()
     assert Path(cell.data.labels).name == "labels.json" and Path(cell.data.labels).is_file()
-    assert _target_key(cell) == _target_key(cfg) and _target_key(cell, named[o]) == _target_key(
-        cfg, o
-    )
+    assert target_key(cell) == target_key(cfg) and target_key(cell, named[o]) == target_key(cfg, o)
     # The cell's actors load what was staged, not a second copy staged under the cell.
-    ws = _CellWorkspace(tmp_path / "cell", f"{uri}/cells/c", True, "", staged=staged)
+    ws = CellWorkspace(tmp_path / "cell", f"{uri}/cells/c", True, "", staged=staged)
     assert ws.stage(cell.model.name_or_path) == inputs["fields"]["model.name_or_path"][0]
     assert not ws.storage.files()
     # On one machine nothing is staged: the cell reads the driver's paths, as always.
     storage.set_current(storage.Workspace(tmp_path / "out"))
     try:
-        local = _cell_inputs(cfg)
+        local = cell_inputs(cfg)
     finally:
         storage.set_current(None)
     assert local["fields"]["model.name_or_path"] == (t, "")
@@ -428,14 +419,14 @@ def test_cell_tasks_ask_for_cell_resources_and_retry_after_a_node_death():
 
     from mia_ray.config import MemHunterJobConfig, load_config
     from mia_ray.errors import MiaError
-    from mia_ray.pipelines.memhunter import _cell_options
+    from mia_ray.pipelines.memhunter.sweep import cell_options
 
     sets = ["model.name_or_path=t", "hunter.model=h", "data.path=d",
             "resources.custom_resources={gpu_node: 1}"]  # fmt: skip
     cfg = load_config(MemHunterJobConfig, None, sets)
-    assert _cell_options(cfg)["resources"] == {"gpu_node": 1}
+    assert cell_options(cfg)["resources"] == {"gpu_node": 1}
     cfg = load_config(MemHunterJobConfig, None, [*sets, "sweep.cell_resources={slot: 1}"])
-    opts = _cell_options(cfg)
+    opts = cell_options(cfg)
     assert opts["num_cpus"] == 0 and opts["resources"] == {"gpu_node": 1, "slot": 1}
     assert opts["max_retries"] >= 1
     retried = tuple(opts["retry_exceptions"])
@@ -450,14 +441,14 @@ def test_custom_resources_that_no_node_holds_fail_clearly(ray_local):
     that hold them: counted there, not over the whole cluster (else they would wait forever)."""
     from mia_ray.config import MemHunterJobConfig, load_config
     from mia_ray.errors import MiaError
-    from mia_ray.pipelines.memhunter import _check_resources
+    from mia_ray.pipelines.memhunter.inputs import check_resources
 
     sets = ["model.name_or_path=t", "hunter.model=h", "data.path=d"]
-    _check_resources(load_config(MemHunterJobConfig, None, sets))
+    check_resources(load_config(MemHunterJobConfig, None, sets))
     cfg = load_config(MemHunterJobConfig, None, [*sets, "resources.custom_resources={gpu_node: 1}"])
     with pytest.raises(MiaError, match="need 2 CPUs, but the nodes with resources.custom_"
                        "resources have 0: lower"):  # fmt: skip
-        _check_resources(cfg)
+        check_resources(cfg)
 
 
 def test_report_numbers_match_the_snapshot(run, report_snapshot):

@@ -1,0 +1,90 @@
+"""MemHunter's inputs: the demo world, the member and non-member (x, y) pairs, the resources the pools need."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mia_ray.config import MemHunterJobConfig
+from mia_ray.errors import MiaError
+from mia_ray.pipelines.common import (
+    check_model_early,
+    check_target_early,
+    labelled_documents,
+    resolve_world,
+)
+
+
+def resolve_inputs(cfg: MemHunterJobConfig) -> None:
+    """Demo world: target, its reference and data from ``world.target``; the hunter defaults
+    to the world's tiny-ref, a small GPT trained only on the reference pool (never on members)."""
+    resolve_world(cfg)
+    if cfg.world.target and not cfg.hunter.model:
+        from mia_ray.demo.world import ensure_world
+
+        info = ensure_world(cfg.world, [cfg.world.target, "tiny"])
+        cfg.hunter.model = info["targets"]["tiny"]["reference"]
+    check_target_early(cfg.model)
+    check_model_early(cfg.hunter.model, "hunter.model")
+
+
+def read_pairs(cfg: MemHunterJobConfig, tok) -> tuple[pd.DataFrame, dict[int, list[str]]]:
+    """Member pairs split train/test/val by document, plus non-member pairs (split
+    ``nonmember``), each split cut to ``pairs.max_per_split`` (first ids); and the documents'
+    texts by label (1: the target dataset, 0: outside it)."""
+    from mia_ray.data.pairs import make_pairs, split_pairs
+
+    ds, labels = labelled_documents(cfg.data)
+    docs = ds.select_columns(["doc_id", "text"]).to_pandas().sort_values("doc_id")
+    p = cfg.pairs
+    rows = []
+    for label in (1, 0):
+        part = docs[docs["doc_id"].map(labels) == label]
+        pairs = make_pairs(
+            zip(part["doc_id"], part["text"], strict=True),
+            tok,
+            p.prefix_tokens,
+            p.target_tokens,
+            p.per_doc,
+        )
+        if label == 1:
+            pairs = split_pairs(pairs, tuple(p.splits), p.seed)
+        else:
+            pairs["split"] = "nonmember"
+        rows.append(pairs)
+    pairs = pd.concat(rows, ignore_index=True).sort_values("pair_id", kind="stable")
+    if p.max_per_split:
+        pairs = pairs.groupby("split", sort=False).head(p.max_per_split)
+    by_label = {
+        y: docs.loc[docs["doc_id"].map(labels) == y, "text"].astype(str).tolist() for y in (1, 0)
+    }
+    return pairs.reset_index(drop=True), by_label
+
+
+def check_resources(cfg: MemHunterJobConfig) -> None:
+    """The target actors stay up while the hunter's fine-tune task runs: both must fit at once,
+    or the fine-tune would wait for CPUs forever."""
+    import ray
+
+    res, h = cfg.resources, cfg.hunter
+    total, where = ray.cluster_resources(), "Ray has"
+    custom = res.custom_resources
+    if custom:  # only the nodes that hold resources.custom_resources take the work
+        total, where = {}, "the nodes with resources.custom_resources have"
+        for n in ray.nodes():
+            own = n.get("Resources", {})
+            if n.get("Alive") and all(own.get(k, 0) >= v for k, v in custom.items()):
+                for kind in ("CPU", "GPU"):
+                    total[kind] = total.get(kind, 0) + own.get(kind, 0)
+    for kind, per_actor, train in (
+        ("CPU", res.cpus_per_actor, h.train_cpus),
+        ("GPU", res.gpus_per_actor, h.train_gpus),
+    ):
+        need = max(1, res.scorer_actors) * per_actor + train
+        if need > total.get(kind, 0) + 1e-9:
+            raise MiaError(
+                f"resources: {max(1, res.scorer_actors)} target actors x {per_actor:g} {kind}s + "
+                f"the hunter's fine-tune ({train:g}) need {need:g} {kind}s, but {where} "
+                f"{total.get(kind, 0):g}: lower resources.scorer_actors, "
+                f"resources.{'cpus' if kind == 'CPU' else 'gpus'}_per_actor or "
+                f"hunter.train_{'cpus' if kind == 'CPU' else 'gpus'}"
+            )
