@@ -46,7 +46,7 @@ def main() -> None:
     import ray
     import torch
 
-    from mia_ray.config import load_config
+    from mia_ray.config import CopyCheckJobConfig, load_config
     from mia_ray.pipelines import copycheck as cc
     from mia_ray.pipelines.common import resolve_world
     from mia_ray.runtime import configure_data_context, connect
@@ -66,11 +66,11 @@ def main() -> None:
             "data.snippet_size=48",
             "finetune.max_length=128",
         ]
-    cfg = load_config(cc.CopyCheckJobConfig, "jobs/copycheck_demo.yaml", overrides)
+    cfg = load_config(CopyCheckJobConfig, "jobs/copycheck_demo.yaml", overrides)
     resolve_world(cfg)
-    docs, exps = cc._experiments(cfg)
+    docs, exps = cc.experiments_of(cfg)
     used = sorted(set().union(*(e["pseudo_label"].keys() for e in exps)))
-    snippets = cc._snippets(cfg, docs[docs["doc_id"].isin(used)].reset_index(drop=True))
+    snippets = cc.snippets_for(cfg, docs[docs["doc_id"].isin(used)].reset_index(drop=True))
     work = Path(args.work or tempfile.mkdtemp(prefix="cc-bench-"))
     work.mkdir(parents=True, exist_ok=True)
 
@@ -107,7 +107,7 @@ def main() -> None:
         out = work / f"infer-{placement}"
         shutil.rmtree(out, ignore_errors=True)
         t = time.perf_counter()
-        got = cc._sample(cfg, e, snippets, jobs, out)
+        got = cc.sample_experiment(cfg, e, snippets, jobs, out)
         infer[placement] = time.perf_counter() - t
         preds[placement] = np.stack(got.sort_values("snippet_id")["p_ensemble"].to_numpy())
         print(

@@ -201,13 +201,13 @@ def test_one_actor_per_member_in_a_placement_group_gives_the_same_predictions(ru
         [*sets, "uncertainty.placement=members", "uncertainty.cpus_per_actor=0.3"],
     )
     resolve_world(cfg)
-    docs, exps = cc._experiments(cfg)
+    docs, exps = cc.experiments_of(cfg)
     snippets = pd.read_parquet(out / "snippets.parquet")
     jobs = cc.finetune_jobs(cfg, exps, snippets, out / "members-check")
     for j in jobs:  # the members trained by the run
         j["out_dir"] = str(out / "train" / j["experiment"] / j["member"])
     cfg.uncertainty.samplers = ["ensemble"]
-    got = cc._sample(cfg, exps[0], snippets, jobs, out / "members-check")
+    got = cc.sample_experiment(cfg, exps[0], snippets, jobs, out / "members-check")
     # The group's bundles are handed back once the sampling is done.
     assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
     ref = pd.read_parquet(out / "uncertainty.parquet")
@@ -231,7 +231,7 @@ def test_members_placement_that_would_starve_ray_data_fails_clearly(ray_local):
     )
     members = [f"ens-{i}" for i in range(4)]
     with pytest.raises(MiaError, match=r"would reserve 4 x 0.5 of the cluster's 2 CPUs"):
-        cc._members_mapper(cfg, members, lambda m: m, {}, "p_ensemble")
+        cc.members_mapper(cfg, members, lambda m: m, {}, "p_ensemble")
 
 
 def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
@@ -257,7 +257,7 @@ def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
             cfg.model.name_or_path = str(model)
         return cfg
 
-    _, exps = cc._experiments(config())
+    _, exps = cc.experiments_of(config())
     snippets = pd.read_parquet(out / "snippets.parquet")
 
     def jobs(cfg):  # the run's members, as the fine-tuning stage sees them under cfg
@@ -283,15 +283,15 @@ def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
     assert len(stage2) == len(stage3) == len(jobs(config())) and not stage2 & stage3
 
     rows = snippets.head(6)
-    before = cc._score_target(config(model=moved), rows, tmp_path / "rows", False)
+    before = cc.score_target(config(model=moved), rows, tmp_path / "rows", False)
     # New weights at the same path: the members retrain and the baseline rows are rescored.
     other = Path(test_world["targets"]["tiny-random"]["model"]) / "model.safetensors"
     shutil.copy(other, moved / "model.safetensors")
     assert not any(finished(j) for j in jobs(config(model=moved)))
     capfd.readouterr()
-    after = cc._score_target(config(model=moved), rows, tmp_path / "rows", False)
+    after = cc.score_target(config(model=moved), rows, tmp_path / "rows", False)
     assert "inputs changed since the last run; computing afresh" in capfd.readouterr().err
-    fresh = cc._score_target(config(model=moved), rows, tmp_path / "fresh", False)
+    fresh = cc.score_target(config(model=moved), rows, tmp_path / "fresh", False)
     loss = lambda df: df.set_index("snippet_id")["loss"].sort_index()  # noqa: E731
     pd.testing.assert_series_equal(loss(after), loss(fresh))
     assert (loss(after) - loss(before)).abs().min() > 1e-3
@@ -305,7 +305,7 @@ def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
     for mode, said in (("all", "reusing"), ("lora", "computing afresh")):
         cfg = config("uncertainty.samplers=[mcd]", f"uncertainty.mc_dropout={mode}")
         capfd.readouterr()
-        cc._sample(cfg, e, snippets, jobs(cfg), tmp_path / "s")
+        cc.sample_experiment(cfg, e, snippets, jobs(cfg), tmp_path / "s")
         assert said in capfd.readouterr().err, mode
 
 

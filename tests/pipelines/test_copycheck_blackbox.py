@@ -123,14 +123,14 @@ def test_a_served_or_local_target_is_keyed_by_its_weights_not_its_path(test_worl
     from pathlib import Path
 
     from mia_ray.config import CopyCheckJobConfig
-    from mia_ray.pipelines.copycheck import _blackbox_spec
+    from mia_ray.pipelines.copycheck.sampling import blackbox_spec
 
     def spec(model, **backend):
         cfg = CopyCheckJobConfig()
         cfg.model.name_or_path = str(model)
         for k, v in backend.items():
             setattr(cfg.backend, k, v)
-        return _blackbox_spec(cfg, tmp_path)
+        return blackbox_spec(cfg, tmp_path)
 
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
