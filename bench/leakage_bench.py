@@ -94,8 +94,8 @@ def _host_gauge(cfg, stores: dict[str, str], mb: float = 2.0) -> dict:
     runs Python today, for the absolute rates in this section."""
     import pandas as pd
 
+    from mia_ray.actors.scanner import LeakScanner
     from mia_ray.features.shingles import ShingleStore
-    from mia_ray.pipelines.leakage import LeakScanner
 
     ref = _reference_scanner()
     df = pd.read_json(cfg.crawl.shards[0], lines=True, dtype={"id": str})
@@ -130,8 +130,8 @@ def scanner_core(mb: float, rounds: int) -> str:
 
     import pandas as pd
 
+    from mia_ray.actors.scanner import LeakScanner
     from mia_ray.features.shingles import ShingleStore
-    from mia_ray.pipelines.leakage import LeakScanner
 
     ref = _reference_scanner()
     lines, work = [], Path(tempfile.mkdtemp(prefix="scanner-core-"))
@@ -269,7 +269,7 @@ def _in_process(cfg, stores: dict[str, str], batch: int) -> dict:
     """The same shards through one ``LeakScanner`` in this process (no Ray), batch by batch."""
     import pandas as pd
 
-    from mia_ray.pipelines.leakage import LeakScanner
+    from mia_ray.actors.scanner import LeakScanner
 
     t0 = time.perf_counter()
     frames = []
@@ -289,13 +289,15 @@ def _in_process(cfg, stores: dict[str, str], batch: int) -> dict:
 
 
 def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_worker: float) -> str:
-    """The pipeline's scanning pass (``leakage._scan_dataset``: shards read with Ray Data,
+    """The pipeline's scanning pass (``leakage.scan.scan_dataset``: shards read with Ray Data,
     streamed through the ``LeakScanner`` actor pool) over a crawl of ``mb`` MB with 1 and
     then 2 actors, and one in-process scanner beside them; a Markdown section."""
     import ray
 
     from mia_ray.config import LeakageJobConfig
-    from mia_ray.pipelines import leakage
+    from mia_ray.pipelines.leakage import inputs as leak_inputs
+    from mia_ray.pipelines.leakage import rates as leak_rates
+    from mia_ray.pipelines.leakage import scan as leak_scan
     from mia_ray.runtime import configure_data_context
 
     load_before = os.getloadavg()
@@ -325,10 +327,10 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
     cfg.scan.shards_per_pass = len(cfg.crawl.shards)  # one pass: the actors start once
     cfg.eval.targets = []  # the scan only
     cfg.validate()
-    leakage._check_paths(cfg)
+    leak_inputs.check_paths(cfg)
     work = Path(tempfile.mkdtemp(prefix="leakage-crawl-work-"))
     t0 = time.perf_counter()
-    stores = leakage._stores(cfg, work)
+    stores = leak_scan.build_stores(cfg, work)
     t_store = time.perf_counter() - t0
 
     runs = []
@@ -347,7 +349,7 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
         # the steady state, and the start-up (the intercept) cancels out.
         for part in (todo[: len(todo) // 2], todo):
             t0 = time.perf_counter()
-            ds = leakage._scan_dataset(c, stores, part)  # reads (materializes) every shard
+            ds = leak_scan.scan_dataset(c, stores, part)  # reads (materializes) every shard
             read_s = time.perf_counter() - t0
             timed.append({"read_s": read_s, **_timed(ds.iter_batches(batch_format="pandas",
                                                                      batch_size=None))})  # fmt: skip
@@ -369,7 +371,7 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
 
     want = _rows(runs[0]["docs"])
     same = [_rows(r["docs"]) == want for r in runs[1:]]
-    found = leakage._findings(runs[1]["docs"])
+    found = leak_rates.findings_of(runs[1]["docs"])
     kinds = found.assign(kind=found["category"].where(found["type"] != "person_name", "names"))
     counts = kinds["kind"].value_counts()
     n_docs = len(runs[1]["docs"])
@@ -407,7 +409,7 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
             f"store), {made}; not part of any figure below. Copyright store built in "
             f"{t_store:.1f} s (span 300). All three runs scan the same shards one after "
             "another in one process. *Ray Data*: the pipeline's own pass "
-            "(`leakage._scan_dataset`: every shard read with `read_documents` and labelled "
+            "(`leakage.scan.scan_dataset`: every shard read with `read_documents` and labelled "
             "with its name, all materialized in one Ray Data pass, then streamed through the "
             "`LeakScanner` actor pool; "
             f"`scan.shards_per_pass` {len(todo)}, so the pool starts once; "
@@ -504,17 +506,19 @@ def main() -> None:
 
     from mia_ray.config import LeakageJobConfig, load_config
     from mia_ray.features.shingles import ShingleStore
-    from mia_ray.pipelines import leakage
+    from mia_ray.pipelines.leakage import inputs as leak_inputs
+    from mia_ray.pipelines.leakage import rates as leak_rates
+    from mia_ray.pipelines.leakage import scan as leak_scan
     from mia_ray.runtime import configure_data_context, connect
 
     cpus = os.cpu_count() or 2
     connect(address="", num_cpus=cpus)
     configure_data_context(no_progress_timeout_s=1800, progress=False)
     cfg = load_config(LeakageJobConfig, "jobs/leakage_demo.yaml", [f"world.scale={args.scale}"])
-    leakage._resolve(cfg)
+    leak_inputs.resolve_inputs(cfg)
     work = Path(tempfile.mkdtemp(prefix="leakage-bench-"))
     t0 = time.perf_counter()
-    stores = leakage._stores(cfg, work)
+    stores = leak_scan.build_stores(cfg, work)
     t_store = time.perf_counter() - t0
     runs = []
     for workers in (1, 2):
@@ -522,9 +526,9 @@ def main() -> None:
         c.scan.workers = workers
         out = work / f"w{workers}"
         t0 = time.perf_counter()
-        docs = leakage._scan(c, stores, out)
+        docs = leak_scan.scan_shards(c, stores, out)
         secs = time.perf_counter() - t0
-        found = leakage._findings(docs)
+        found = leak_rates.findings_of(docs)
         runs.append(
             {
                 "workers": workers,

@@ -33,9 +33,9 @@ def _three_pass_baselines(cfg, meta, splits, out: Path, docs, labels: dict) -> d
     second target pass (and the reference's) over the same samples."""
     from mia_ray.config import AttackConfig, AttackJobConfig, WorldConfig
     from mia_ray.pipelines.attack import score_attacks
-    from mia_ray.pipelines.lumia import _baseline_attacks, _fold_metrics
+    from mia_ray.pipelines.lumia import baseline_attacks, fold_metrics
 
-    attacks = _baseline_attacks(cfg)
+    attacks = baseline_attacks(cfg)
     acfg = AttackJobConfig(
         data=copy.deepcopy(cfg.data),
         model=copy.deepcopy(cfg.model),
@@ -50,7 +50,7 @@ def _three_pass_baselines(cfg, meta, splits, out: Path, docs, labels: dict) -> d
     snip, _, _ = score_attacks(acfg, out, docs=docs, labels=labels)
     snip = snip.set_index("snippet_id").loc[meta["snippet_id"]]
     y = meta["label"].to_numpy()
-    return {a: _fold_metrics(snip[a].to_numpy(dtype=float), y, splits) for a in attacks}
+    return {a: fold_metrics(snip[a].to_numpy(dtype=float), y, splits) for a in attacks}
 
 
 def main() -> None:
@@ -66,23 +66,26 @@ def main() -> None:
     import pandas as pd
 
     from mia_ray.actors.activations import load_layer, parse_column
-    from mia_ray.config import load_config
+    from mia_ray.config import LumiaJobConfig, load_config
     from mia_ray.detectors.probes import grouped_holdout_splits
-    from mia_ray.pipelines import lumia
     from mia_ray.pipelines.common import resolve_world
+    from mia_ray.pipelines.lumia.activations import extract_activations
+    from mia_ray.pipelines.lumia.baselines import baselines_of
+    from mia_ray.pipelines.lumia.inputs import samples_of
+    from mia_ray.pipelines.lumia.probes import train_probes
     from mia_ray.runtime import configure_data_context, connect
 
     cpus = os.cpu_count() or 2
     connect(address="", num_cpus=cpus)
     configure_data_context(no_progress_timeout_s=1800, progress=False)
     cfg = load_config(
-        lumia.LumiaJobConfig,
+        LumiaJobConfig,
         "jobs/lumia_demo.yaml",
         [f"world.scale={args.scale}", f"world.target={args.target}", "targets=[]"]
         + ([f"world.root={args.world_root}"] if args.world_root else []),
     )
     resolve_world(cfg)
-    meta, all_docs = lumia._samples(cfg, multimodal=False)
+    meta, all_docs = samples_of(cfg, multimodal=False)
     # An IID sample of whole documents, seeded: both classes, groups intact.
     docs = meta["doc_id"].drop_duplicates().sample(frac=1.0, random_state=0)
     keep, n = [], 0
@@ -112,10 +115,10 @@ def main() -> None:
     for mode in ("three", "one"):
         out = work / f"passes-{mode}"
         t0 = time.time()
-        parts, _, _ = lumia._extract(cfg, meta, out, token_stats=mode == "one")
+        parts, _, _ = extract_activations(cfg, meta, out, token_stats=mode == "one")
         t1 = time.time()
         if mode == "one":
-            baselines[mode] = lumia._baselines(cfg, meta, splits, out, parts)
+            baselines[mode] = baselines_of(cfg, meta, splits, out, parts)
         else:
             baselines[mode] = _three_pass_baselines(cfg, meta, splits, out, docs, labels)
         timings[mode] = (t1 - t0, time.time() - t1)
@@ -146,7 +149,7 @@ def main() -> None:
         c = copy.deepcopy(cfg)
         c.probe.parallel = mode == "parallel"
         t0 = time.time()
-        results[mode], _ = lumia._train_probes(
+        results[mode], _ = train_probes(
             c, parts_by["one"], meta, splits, work / f"probes-{mode}", fp=mode
         )
         probes[mode] = time.time() - t0

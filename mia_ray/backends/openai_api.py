@@ -110,7 +110,7 @@ class OpenAICompletionsBackend(Backend):
     body (prompt, ``echo``, ``logprobs``, ``max_tokens``, ``temperature``: every option that
     changes the answer). A scope replaces the URL only where it names the answering weights
     better than the URL does: ``mia-ray serve`` on a loopback port that changes from run to
-    run is scoped by its model's content key (see ``pipelines/leak_eval.py``).
+    run is scoped by its model's content key (see ``pipelines/leakage/evaluation.py``).
 
     ``bos_text`` scores an empty context: it is put before the continuation as the one context
     token (e.g. ``"<|endoftext|>"`` for GPT-2 style models, whose servers read it as that

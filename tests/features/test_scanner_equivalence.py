@@ -17,13 +17,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mia_ray.actors.scanner import LeakScanner
 from mia_ray.demo.corpora import load_books, web_pool
 from mia_ray.demo.crawl import PII_KINDS, PLANTED_NAMES, TEMPLATES, pii_value
 from mia_ray.features import pii
 from mia_ray.features.leaks import sentence_bounds
 from mia_ray.features.shingles import ShingleStore, vocabulary, window_hashes, words_with_offsets
 from mia_ray.features.textbatch import TextBatch
-from mia_ray.pipelines.leakage import LeakScanner
 
 
 def _load_reference():

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from mia_ray.cli import main
-from mia_ray.pipelines.leak_eval import CATEGORIES, METHODS
+from mia_ray.pipelines.leakage.evaluation import CATEGORIES, METHODS
 
 pytestmark = [pytest.mark.ray]
 
@@ -105,12 +105,12 @@ def _finding(doc_id: str, category: str) -> dict:
 
 
 def test_a_text_shorter_than_the_span_is_not_in_the_denominator():
-    from mia_ray.pipelines.leakage import _rates
+    from mia_ray.pipelines.leakage.rates import leak_rates
 
     # 5 documents, 2 of them long enough for a 300-word span, one of those copies a book.
     docs = _docs([50, 299, 300, 1000, 10])
     found = pd.DataFrame([_finding("d3", "copyright"), _finding("d0", "pii")])
-    r = _rates(docs, found, 0.95, {"copyright": 300, "benchmark": 300})
+    r = leak_rates(docs, found, 0.95, {"copyright": 300, "benchmark": 300})
     assert r["copyright"]["documents"] == 1 and r["copyright"]["eligible"] == 2
     assert r["copyright"]["rate"] == 0.5 and r["copyright"]["raw_rate"] == 0.2
     assert r["benchmark"]["rate"] == 0.0 and r["benchmark"]["eligible"] == 2
@@ -119,14 +119,14 @@ def test_a_text_shorter_than_the_span_is_not_in_the_denominator():
 
 
 def test_a_category_without_a_match_in_a_large_crawl_still_gets_its_report(tmp_path):
-    from mia_ray.pipelines.leakage import _rates
+    from mia_ray.pipelines.leakage.rates import leak_rates
     from mia_ray.reports.leakage import write_report
 
     # 0 of 100 documents: the Wilson bound in floats was a rounding error (3.5e-18) above the
     # rate 0, which crashed the rate figure's error bars; it is exact now.
     docs = _docs([400] * 100)
     found = pd.DataFrame([_finding(f"d{i}", "pii") for i in range(100)])
-    r = _rates(docs, found, 0.95, {"copyright": 300, "benchmark": 300})
+    r = leak_rates(docs, found, 0.95, {"copyright": 300, "benchmark": 300})
     assert r["copyright"]["ci"][0] == 0.0 and r["copyright"]["raw_ci"][0] == 0.0
     assert r["pii"]["ci"][1] == 1.0 and r["pii"]["rate"] == 1.0
     report = {
@@ -336,7 +336,7 @@ def test_a_model_that_never_saw_an_instance_gets_no_credit_from_the_quote():
     from mia_ray.backends.local import LocalHFBackend
     from mia_ray.demo.world import ensure_smollm2_base
     from mia_ray.features.leaks import eliciting_prompt, given_spans
-    from mia_ray.pipelines.leak_eval import output_rows
+    from mia_ray.pipelines.leakage.evaluation import output_rows
 
     # Word salads nobody wrote before: no model saw them. The prompt quotes their first 8
     # words, which SmolLM2 copies readily; scored whole, two of the three beat the refusals.
@@ -378,7 +378,7 @@ def test_new_weights_at_the_same_path_get_a_new_key_and_cache_scope(test_world, 
     import shutil
 
     from mia_ray.config import LeakageJobConfig
-    from mia_ray.pipelines.leak_eval import backend_spec, target_key
+    from mia_ray.pipelines.leakage.evaluation import backend_spec, target_key
 
     model = tmp_path / "model"
     shutil.copytree(test_world["model"], model)
@@ -407,7 +407,7 @@ def test_a_rerun_after_new_weights_at_the_same_path_scores_afresh(
 ):
     import shutil
 
-    from mia_ray.pipelines.leak_eval import summarize
+    from mia_ray.pipelines.leakage.evaluation import summarize
 
     model = tmp_path / "model"
     shutil.copytree(test_world["model"], model)
@@ -444,8 +444,9 @@ def test_scanners_on_other_nodes_read_the_stores_from_storage(tmp_path):
     import uuid
 
     from mia_ray import storage
+    from mia_ray.actors.scanner import LeakScanner
     from mia_ray.features.shingles import ShingleStore
-    from mia_ray.pipelines.leakage import LeakScanner, _store_urls
+    from mia_ray.pipelines.leakage.scan import store_urls
 
     book = " ".join(f"word{i}" for i in range(60))
     out = tmp_path / "run"
@@ -455,12 +456,12 @@ def test_scanners_on_other_nodes_read_the_stores_from_storage(tmp_path):
         {"doc_id": ["d1", "d2"], "shard": ["s", "s"],
          "text": [f"intro {book[40:300]} outro", "nothing copied here"]}
     )  # fmt: skip
-    assert _store_urls(stores) == stores  # outside a run: the paths
+    assert store_urls(stores) == stores  # outside a run: the paths
     uri = f"mock:///bucket-{uuid.uuid4().hex[:8]}/prefix"
     ws = storage.Workspace(out, uri, distributed=True)
     storage.set_current(ws)
     try:
-        urls = _store_urls(stores)
+        urls = store_urls(stores)
     finally:
         storage.set_current(None)
     assert urls == {"copyright": f"{uri}/stores/copyright-k.npz"}

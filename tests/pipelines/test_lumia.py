@@ -94,7 +94,7 @@ def test_the_attacks_take_the_targets_statistics_from_the_activation_pass(run, t
     """One target pass per sample: the classic attacks' token statistics are in the activation
     parts, the reference model is the only other pass, and its LOSS AUCs are the target's."""
     from mia_ray.detectors.probes import grouped_holdout_splits
-    from mia_ray.pipelines.lumia import _fold_metrics
+    from mia_ray.pipelines.lumia import fold_metrics
 
     out, report = run
     assert not (out / "tiny" / "rows" / "target").exists()
@@ -110,7 +110,7 @@ def test_the_attacks_take_the_targets_statistics_from_the_activation_pass(run, t
         y, samples["doc_id"].to_numpy(), n_repeats=3, test_size=0.2, seed=0
     )
     mean_logprob = acts["token_logprobs"].map(lambda v: np.asarray(v, np.float64).mean())
-    assert report["baselines"]["loss"] == _fold_metrics(mean_logprob.to_numpy(), y, splits)
+    assert report["baselines"]["loss"] == fold_metrics(mean_logprob.to_numpy(), y, splits)
 
 
 def test_rerun_recomputes_nothing_and_gives_identical_numbers(run, test_world, capfd):

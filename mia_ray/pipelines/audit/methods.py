@@ -274,7 +274,7 @@ def _run_leakage(cfg: AuditJobConfig, sub: LeakageJobConfig, run, d: Path, _scor
     ``detection_rate`` per category; else ``eval_skipped`` says why."""
     import pandas as pd
 
-    from mia_ray.pipelines.leak_eval import instances
+    from mia_ray.pipelines.leakage.evaluation import instances
 
     targets, skipped = list(sub.eval.targets), ""
     # The scan first: whether the model side has instances to ask about is known after it.

@@ -1,0 +1,89 @@
+"""`mia-ray leakage`: crawl shards → scan → leakage rates → (eval) output and detection rates → report."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from mia_ray.config import LeakageJobConfig, to_dict
+from mia_ray.features.leaks import CATEGORIES
+from mia_ray.pipelines.leakage.inputs import check_paths, check_pool_fits, resolve_inputs
+from mia_ray.pipelines.leakage.rates import findings_of, leak_rates, score_against_truth
+from mia_ray.pipelines.leakage.scan import build_stores, scan_shards
+from mia_ray.registry import pipeline
+from mia_ray.runtime import describe
+
+
+def model_keys(cfg: LeakageJobConfig, evaluation: dict | None) -> dict[str, Any]:
+    """output_rate, detection_rate and few_shot_curve of the first target (every target's
+    under ``eval.models``), with how instances, prompts and counterparts were made."""
+    if not evaluation or not evaluation["models"]:
+        return {}
+    from mia_ray.features import leaks
+
+    first = evaluation["models"][cfg.eval.targets[0]]
+    return {
+        "output_rate": first["output_rate"],
+        "detection_rate": first["detection_rate"],
+        "few_shot_curve": first["few_shot_curve"],
+        "eval": {
+            "target": cfg.eval.targets[0],
+            "instances": evaluation["instances"],
+            "models": evaluation["models"],
+            "method": " ".join((leaks.__doc__ or "").split()),
+            "refusals": list(leaks.REFUSALS),
+        },
+    }
+
+
+@pipeline(
+    "leakage",
+    LeakageJobConfig,
+    help="leakage survey: personal data, copyrighted text and benchmark data in a corpus, and how models emit and detect it",
+)
+def run(cfg: LeakageJobConfig, out: Path) -> dict:
+    from mia_ray.reports.leakage import write_report
+
+    t0 = time.monotonic()
+    resolve_inputs(cfg)
+    check_paths(cfg)
+    check_pool_fits(cfg)
+    stores = build_stores(cfg, out)
+    docs = scan_shards(cfg, stores, out)
+    found = findings_of(docs)
+    found.to_parquet(out / "matches.parquet", index=False)
+    spans = {"copyright": cfg.scan.copyright_span, "benchmark": cfg.scan.benchmark_span}
+    rates = leak_rates(docs, found, cfg.scan.ci, spans)
+    truth = score_against_truth(found, cfg.crawl.truth) if cfg.crawl.truth else None
+    leakage_rate = {}
+    for c in CATEGORIES:
+        row = dict(rates[c])
+        if truth:
+            row.update({k: truth[c][k] for k in ("planted", "found", "precision", "recall")})
+        leakage_rate[c] = row
+    evaluation = None
+    if cfg.eval.targets:
+        from mia_ray.pipelines.leak_eval import run_eval
+
+        evaluation = run_eval(cfg, found, out)
+    scanned_mb = float(docs["bytes"].sum()) / 1e6
+    report = {
+        "pipeline": "leakage",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "crawl": {"shards": cfg.crawl.shards, "documents": len(docs), "megabytes": scanned_mb},
+        "leakage_rate": leakage_rate,
+        "pii_types": rates["pii_types"],
+        "pii_without_names": rates["pii_without_names"],
+        "shards": rates["shards"],
+        "truth": truth,
+        **model_keys(cfg, evaluation),
+        "matches": found.drop(columns=["instance_start", "instance"])
+        .head(cfg.scan.max_listed_matches)
+        .to_dict("records"),
+        "matches_total": len(found),
+        "config": to_dict(cfg),
+        "runtime": {**describe(), "seconds": round(time.monotonic() - t0, 1)},
+    }
+    write_report(report, out)
+    return report
