@@ -263,3 +263,31 @@ def truth_labels(cfg: AuditJobConfig, files: pd.DataFrame) -> dict[str, int]:
     return {
         d: int(known[f]) for d, f in zip(sus["doc_id"], sus["file_id"], strict=True) if f in known
     }
+
+
+def prepare_files(cfg: AuditJobConfig):
+    """The audit's files with their sources, each file's snippets, the truth (labels, when
+    given), the calibration counts, and what was left out and why (logged). Returns
+    ``(files, snippets, truth, calib, inputs)``."""
+    files, sources = assign_sources(read_inputs(cfg), cfg.audit.near_duplicates)
+    check_sources(cfg, files)
+    files, snippets, lengths = select_snippets(cfg, files)
+    left_out = sources.pop("left_out") + lengths.pop("left_out")
+    for f in left_out:
+        log(f"left out: {f['side']} file {f['file_id']}: {f['reason']}")
+    try:
+        calib, n_src = check_sources(cfg, files)
+    except MiaError as e:
+        raise MiaError(
+            f"{e}; that is after leaving out {len(left_out)} file(s) (the log lists them): "
+            "shorter than audit.snippets_per_file full snippets, or near-duplicates of an "
+            "unseen file. A smaller data.snippet_size or audit.snippets_per_file keeps more"
+        ) from None
+    truth = truth_labels(cfg, files)
+    log(
+        f"{int(files['side'].sum())} suspected and {int((files['side'] == 0).sum())} unseen "
+        f"files ({int(n_src[1])} and {int(n_src[0])} independent sources), "
+        f"{lengths['lengths']['snippets_per_file']} snippet(s) of each"
+    )
+    inputs = {**sources, **lengths, "left_out": left_out}
+    return files, snippets, truth, calib, inputs

@@ -6,15 +6,10 @@ import time
 from pathlib import Path
 
 from mia_ray.config import AttackConfig, AttackJobConfig, AuditJobConfig
-from mia_ray.errors import MiaError
 from mia_ray.pipelines.audit.analysis import analyse, feature_columns
 from mia_ray.pipelines.audit.inputs import (
-    assign_sources,
-    check_sources,
-    read_inputs,
+    prepare_files,
     resolve_world,
-    select_snippets,
-    truth_labels,
 )
 from mia_ray.pipelines.audit.report import merge_copycheck, write_outputs
 from mia_ray.pipelines.common import check_model_early, check_target_early, log
@@ -48,26 +43,7 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
     check_target_early(cfg.model)
     if cfg.model.reference:
         check_model_early(cfg.model.reference, "model.reference")
-    files, sources = assign_sources(read_inputs(cfg), a.near_duplicates)
-    check_sources(cfg, files)
-    files, snippets, lengths = select_snippets(cfg, files)
-    left_out = sources.pop("left_out") + lengths.pop("left_out")
-    for f in left_out:
-        log(f"left out: {f['side']} file {f['file_id']}: {f['reason']}")
-    try:
-        calib, n_src = check_sources(cfg, files)
-    except MiaError as e:
-        raise MiaError(
-            f"{e}; that is after leaving out {len(left_out)} file(s) (the log lists them): "
-            "shorter than audit.snippets_per_file full snippets, or near-duplicates of an "
-            "unseen file. A smaller data.snippet_size or audit.snippets_per_file keeps more"
-        ) from None
-    truth = truth_labels(cfg, files)
-    log(
-        f"{int(files['side'].sum())} suspected and {int((files['side'] == 0).sum())} unseen "
-        f"files ({int(n_src[1])} and {int(n_src[0])} independent sources), "
-        f"{lengths['lengths']['snippets_per_file']} snippet(s) of each"
-    )
+    files, snippets, truth, calib, inputs = prepare_files(cfg)
     side = dict(zip(files["doc_id"], files["side"], strict=True))
     attacks = [*a.attacks, *(["ref"] if cfg.model.reference else [])]
     acfg = AttackJobConfig(
@@ -83,7 +59,6 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
     features = feature_columns(snip, attacks)
     texts = ctx["snippets"].set_index("snippet_id")["text"]
     snip["text"] = snip["snippet_id"].map(texts)
-    inputs = {**sources, **lengths, "left_out": left_out}
     report = analyse(cfg, snip, features, files, truth, calib, inputs)
     if methods:
         report["methods"] = run_methods(cfg, out, methods, ctx["target_rows"])

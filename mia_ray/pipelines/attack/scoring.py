@@ -1,8 +1,4 @@
-"""Classic attacks: LOSS, zlib, Min-K%, Min-K%++, lowercase and reference, evaluated honestly.
-
-documents → snippets → Scorer actor pools (target, reference) → attack scores (pure
-functions) → document scores → metrics with CIs, blind baseline, n-gram overlap → report.
-"""
+"""Scoring: snippets through Scorer actor pools (target, reference) as parts stages, then every attack's score per snippet and per document."""
 
 from __future__ import annotations
 
@@ -15,16 +11,11 @@ import pandas as pd
 from mia_ray.config import AttackJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
-    check_model_early,
-    check_target_early,
     fingerprint,
     labelled_documents,
     log,
-    resolve_world,
     snippets_of,
 )
-from mia_ray.registry import pipeline
-from mia_ray.runtime import describe
 
 
 def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, full: bool):
@@ -122,7 +113,7 @@ def crop_to_scored_span(
     return out, int((out["text"].str.len() < before).sum())
 
 
-def _aggregate(snip: pd.DataFrame, cols: list[str], how: str) -> pd.DataFrame:
+def aggregate_scores(snip: pd.DataFrame, cols: list[str], how: str) -> pd.DataFrame:
     return snip.groupby("doc_id")[cols].agg(how).reset_index()
 
 
@@ -221,7 +212,7 @@ def score_attacks(
         snip_scores[name] = col
     snip_scores["label"] = snip_scores["doc_id"].map(labels).astype(int)
     score_cols = list(table)
-    doc_scores = _aggregate(snip_scores, score_cols, cfg.attack.aggregate)
+    doc_scores = aggregate_scores(snip_scores, score_cols, cfg.attack.aggregate)
     doc_scores["label"] = doc_scores["doc_id"].map(labels).astype(int)
     doc_scores["n_snippets"] = doc_scores["doc_id"].map(snip_scores.groupby("doc_id").size())
     snip_scores["n_chars"] = merged["text"].str.len().to_numpy()
@@ -245,138 +236,3 @@ def score_attacks(
             "score_cols": score_cols,
         },
     )
-
-
-@pipeline(
-    "attack",
-    AttackJobConfig,
-    help="classic membership attacks (LOSS, zlib, Min-K%, Min-K%++, lowercase, reference)",
-)
-def run(cfg: AttackJobConfig, out: Path) -> dict:
-    from mia_ray.data.ngram import ngram_overlap_ds
-    from mia_ray.detectors.blind import blind_baseline
-    from mia_ray.reports.html import render_attack_report
-    from mia_ray.reports.io import write_json, write_parquet
-    from mia_ray.stats.metrics import evaluate_scores
-
-    resolve_world(cfg)
-    check_target_early(cfg.model)
-    if "ref" in cfg.attack.attacks:
-        check_model_early(cfg.model.reference, "model.reference")
-
-    snip_scores, doc_scores, ctx = score_attacks(cfg, out)
-    write_parquet(out / "snippet_scores.parquet", snip_scores)
-    write_parquet(out / "document_scores.parquet", doc_scores)
-
-    t2 = time.time()
-    unit = doc_scores if cfg.attack.level == "document" else snip_scores
-    groups = None if cfg.attack.level == "document" else unit["doc_id"].to_numpy()
-    y = unit["label"].to_numpy()
-    ev = {
-        "fprs": cfg.eval.fprs,
-        "bootstrap": cfg.eval.bootstrap,
-        "ci": cfg.eval.ci,
-        "seed": cfg.eval.seed,
-        "folds": cfg.eval.threshold_folds,
-    }
-    metrics = {}
-    for name in ctx["score_cols"]:
-        log(f"evaluating {name}")
-        metrics[name] = evaluate_scores(unit[name].to_numpy(), y, groups=groups, **ev)
-
-    report: dict = {
-        "pipeline": "attack",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "model": {"name_or_path": cfg.model.name_or_path, "reference": cfg.model.reference or None},
-        "data": {
-            "path": cfg.data.path,
-            "labels": cfg.data.labels or None,
-            "n_documents": int(len(doc_scores)),
-            "n_members": int(doc_scores["label"].sum()),
-            "n_nonmembers": int((1 - doc_scores["label"]).sum()),
-            "n_snippets": int(len(snip_scores)),
-            "n_cropped": int(ctx["timings"]["n_cropped"]),
-            "snippet": f"{cfg.data.snippet_size} {cfg.data.snippet_unit}",
-            "level": cfg.attack.level,
-            "aggregate": cfg.attack.aggregate,
-        },
-        "ci_level": cfg.eval.ci,
-        "metrics": metrics,
-    }
-    if cfg.eval.blind_baseline:
-        log("blind baseline (bag of words, never sees the model)")
-        texts = _unit_texts(ctx, cfg.attack.level, unit)
-        report["blind_baseline"] = blind_baseline(texts, y, groups=groups, **ev)
-    log("n-gram overlap of members vs non-members")
-    docs = ctx["docs"]
-    members = docs.filter(lambda r: r["label"] == 1)
-    nonmembers = docs.filter(lambda r: r["label"] == 0)
-    report["ngram_overlap"] = [
-        ngram_overlap_ds(members, nonmembers, n, cfg.eval.ngram_p) for n in cfg.eval.ngram_n
-    ]
-    report["notes"] = _notes(cfg, report)
-    report["runtime"] = describe()
-    report["timings"] = {**ctx["timings"], "eval_s": round(time.time() - t2, 2)}
-    write_json(out / "report.json", report)
-    render_attack_report(report, out / "report.html")
-    return report
-
-
-def _unit_texts(ctx: dict, level: str, unit: pd.DataFrame) -> list[str]:
-    if level == "document":
-        docs = (
-            ctx["docs"].select_columns(["doc_id", "text"]).to_pandas().set_index("doc_id")["text"]
-        )
-        return [docs[d] for d in unit["doc_id"]]
-    snips = ctx["snippets"].set_index("snippet_id")["text"]
-    return [snips[s] for s in unit["snippet_id"]]
-
-
-def _notes(cfg: AttackJobConfig, report: dict) -> list[str]:
-    notes = [
-        f"Scores are computed per snippet ({cfg.data.snippet_size} {cfg.data.snippet_unit}, cropped to "
-        f"{cfg.model.max_length} tokens) and evaluated per {cfg.attack.level}"
-        + (
-            f" ({cfg.attack.aggregate} of its snippets)." if cfg.attack.level == "document" else "."
-        ),
-        "Balanced accuracy and accuracy use thresholds chosen by cross-fitting: each row is classified "
-        "by a threshold chosen on the other folds, never with its own label.",
-    ]
-    d = report["data"]
-    models = "the target and the reference" if "ref" in cfg.attack.attacks else "the target"
-    notes.append(
-        f"{d['n_cropped']} of {d['n_snippets']} snippets were longer than what the first "
-        f"{cfg.model.max_length} tokens of {models} cover (capped at each model's context) and "
-        "were cut to that text before scoring; every model and zlib score exactly the same "
-        "characters (snippet_scores.parquet: n_chars)."
-    )
-    if cfg.attack.level == "snippet" and d["n_snippets"] > d["n_documents"]:
-        notes.append(
-            f"Confidence intervals: {cfg.eval.bootstrap} cluster-bootstrap resamples of documents "
-            f"(a document's snippets are drawn together, members and non-members apart), "
-            f"{cfg.eval.ci:.0%} percentile: snippets of one document are not independent."
-        )
-    else:
-        notes.append(
-            f"Confidence intervals: {cfg.eval.bootstrap} stratified bootstrap resamples, "
-            f"{cfg.eval.ci:.0%} percentile."
-        )
-    n_non = report["data"]["n_nonmembers"] if cfg.attack.level == "document" else None
-    if n_non:
-        floor = 1 / n_non
-        coarse = [f"{f:g}" for f in cfg.eval.fprs if f < floor]
-        if coarse:
-            notes.append(
-                f"With {n_non} non-members the smallest non-zero FPR is 1/{n_non} = {floor:.2%}: "
-                f"TPR at FPR {', '.join(coarse)} is the TPR with no false positive at all."
-            )
-    blind = report.get("blind_baseline")
-    if blind:
-        best = max(report["metrics"].items(), key=lambda kv: kv[1]["auc"])
-        lo = best[1]["auc_ci"][0] if best[1]["auc_ci"] else best[1]["auc"]
-        if lo <= blind["auc"]:
-            notes.append(
-                f"Caution: the best attack ({best[0]}, AUC {best[1]['auc']:.3f}) does not clearly beat the "
-                f"blind baseline (AUC {blind['auc']:.3f}); members and non-members may differ in distribution."
-            )
-    return notes

@@ -1,0 +1,44 @@
+"""`mia-ray attack`: documents → snippets → scores → evaluation → report."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from mia_ray.config import AttackJobConfig
+from mia_ray.pipelines.attack.evaluation import evaluate_attacks
+from mia_ray.pipelines.attack.report import report_notes
+from mia_ray.pipelines.attack.scoring import score_attacks
+from mia_ray.pipelines.common import (
+    check_model_early,
+    check_target_early,
+    resolve_world,
+)
+from mia_ray.registry import pipeline
+from mia_ray.runtime import describe
+
+
+@pipeline(
+    "attack",
+    AttackJobConfig,
+    help="classic membership attacks (LOSS, zlib, Min-K%, Min-K%++, lowercase, reference)",
+)
+def run(cfg: AttackJobConfig, out: Path) -> dict:
+    from mia_ray.reports.html import render_attack_report
+    from mia_ray.reports.io import write_json, write_parquet
+
+    resolve_world(cfg)
+    check_target_early(cfg.model)
+    if "ref" in cfg.attack.attacks:
+        check_model_early(cfg.model.reference, "model.reference")
+    snip_scores, doc_scores, ctx = score_attacks(cfg, out)
+    write_parquet(out / "snippet_scores.parquet", snip_scores)
+    write_parquet(out / "document_scores.parquet", doc_scores)
+    t2 = time.time()
+    report = evaluate_attacks(cfg, snip_scores, doc_scores, ctx)
+    report["notes"] = report_notes(cfg, report)
+    report["runtime"] = describe()
+    report["timings"] = {**ctx["timings"], "eval_s": round(time.time() - t2, 2)}
+    write_json(out / "report.json", report)
+    render_attack_report(report, out / "report.html")
+    return report
