@@ -46,9 +46,10 @@ def main() -> None:
     import ray
     import torch
 
-    from mia_ray.config import CopyCheckJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.pipelines import copycheck as cc
     from mia_ray.pipelines.common import resolve_world
+    from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
     from mia_ray.runtime import configure_data_context, connect
     from mia_ray.train.launch import train_members
 
@@ -67,7 +68,7 @@ def main() -> None:
             "finetune.max_length=128",
         ]
     cfg = load_config(CopyCheckJobConfig, "jobs/copycheck_demo.yaml", overrides)
-    resolve_world(cfg)
+    cfg = resolve_world(cfg)
     docs, exps = cc.experiments_of(cfg)
     used = sorted(set().union(*(e["pseudo_label"].keys() for e in exps)))
     snippets = cc.snippets_for(cfg, docs[docs["doc_id"].isin(used)].reset_index(drop=True))

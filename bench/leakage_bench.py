@@ -294,10 +294,10 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
     then 2 actors, and one in-process scanner beside them; a Markdown section."""
     import ray
 
-    from mia_ray.config import LeakageJobConfig
     from mia_ray.pipelines.leakage import inputs as leak_inputs
     from mia_ray.pipelines.leakage import rates as leak_rates
     from mia_ray.pipelines.leakage import scan as leak_scan
+    from mia_ray.pipelines.leakage.config import LeakageJobConfig
     from mia_ray.runtime import configure_data_context
 
     load_before = os.getloadavg()
@@ -504,18 +504,19 @@ def main() -> None:
     import numpy as np
     import pandas as pd
 
-    from mia_ray.config import LeakageJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.features.shingles import ShingleStore
     from mia_ray.pipelines.leakage import inputs as leak_inputs
     from mia_ray.pipelines.leakage import rates as leak_rates
     from mia_ray.pipelines.leakage import scan as leak_scan
+    from mia_ray.pipelines.leakage.config import LeakageJobConfig
     from mia_ray.runtime import configure_data_context, connect
 
     cpus = os.cpu_count() or 2
     connect(address="", num_cpus=cpus)
     configure_data_context(no_progress_timeout_s=1800, progress=False)
     cfg = load_config(LeakageJobConfig, "jobs/leakage_demo.yaml", [f"world.scale={args.scale}"])
-    leak_inputs.resolve_inputs(cfg)
+    cfg = leak_inputs.resolve_inputs(cfg)
     work = Path(tempfile.mkdtemp(prefix="leakage-bench-"))
     t0 = time.perf_counter()
     stores = leak_scan.build_stores(cfg, work)

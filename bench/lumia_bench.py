@@ -31,8 +31,9 @@ os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
 def _three_pass_baselines(cfg, meta, splits, out: Path, docs, labels: dict) -> dict:
     """The classic attacks as LUMIA scored them before: the attack pipeline's own scorer, a
     second target pass (and the reference's) over the same samples."""
-    from mia_ray.config import AttackConfig, AttackJobConfig, WorldConfig
+    from mia_ray.config import WorldConfig
     from mia_ray.pipelines.attack import score_attacks
+    from mia_ray.pipelines.attack.config import AttackConfig, AttackJobConfig
     from mia_ray.pipelines.lumia import baseline_attacks, fold_metrics
 
     attacks = baseline_attacks(cfg)
@@ -66,11 +67,12 @@ def main() -> None:
     import pandas as pd
 
     from mia_ray.actors.activations import load_layer, parse_column
-    from mia_ray.config import LumiaJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.detectors.probes import grouped_holdout_splits
     from mia_ray.pipelines.common import resolve_world
     from mia_ray.pipelines.lumia.activations import extract_activations
     from mia_ray.pipelines.lumia.baselines import baselines_of
+    from mia_ray.pipelines.lumia.config import LumiaJobConfig
     from mia_ray.pipelines.lumia.inputs import samples_of
     from mia_ray.pipelines.lumia.probes import train_probes
     from mia_ray.runtime import configure_data_context, connect
@@ -84,7 +86,7 @@ def main() -> None:
         [f"world.scale={args.scale}", f"world.target={args.target}", "targets=[]"]
         + ([f"world.root={args.world_root}"] if args.world_root else []),
     )
-    resolve_world(cfg)
+    cfg = resolve_world(cfg)
     meta, all_docs = samples_of(cfg, multimodal=False)
     # An IID sample of whole documents, seeded: both classes, groups intact.
     docs = meta["doc_id"].drop_duplicates().sample(frac=1.0, random_state=0)

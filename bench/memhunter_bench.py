@@ -39,8 +39,9 @@ def main() -> None:
 
     from mia_ray.actors.hunter import Hunter
     from mia_ray.actors.target import TargetPool
-    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.models.hf import load_tokenizer
+    from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
     from mia_ray.pipelines.memhunter.inputs import read_pairs, resolve_inputs
     from mia_ray.runtime import configure_data_context, connect
     from mia_ray.train.hunter import pair_seed, train_hunter
@@ -53,7 +54,7 @@ def main() -> None:
         "jobs/memhunter_demo.yaml",
         [f"world.scale={args.scale}", f"world.target={args.target}", "pairs.max_per_split=0"],
     )
-    resolve_inputs(cfg)
+    cfg = resolve_inputs(cfg)
     tok = load_tokenizer(cfg.model.name_or_path)
     pairs, _ = read_pairs(cfg, tok)
     test = pairs[pairs["split"] == "test"].head(args.pairs)

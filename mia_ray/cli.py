@@ -137,13 +137,14 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     ws = storage.open_workspace(out, res.storage if res else "", mode)
     storage.set_current(ws)
     try:
+        if spec.resolve is not None:
+            cfg = spec.resolve(cfg)
+            write_text(out / "config.yaml", dump_yaml(cfg, spec.name))
         report = spec.run(cfg, out)
     finally:
         # Whatever finished (or failed half-way) is kept where a new driver finds it.
         ws.push()
         storage.set_current(None)
-    # The resolved config may have gained demo-world paths; keep what really ran.
-    write_text(out / "config.yaml", dump_yaml(cfg, spec.name))
     if not (out / "report.json").exists():
         write_json(out / "report.json", report)
     print(

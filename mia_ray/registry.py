@@ -57,13 +57,20 @@ class Pipeline:
     # Command-line flags that set one config key each, e.g. {"model": "model.name_or_path"}
     # makes `--model M` mean `--set model.name_or_path=M`.
     flags: tuple[tuple[str, str, str], ...] = ()  # (flag, config key, help)
+    # ``resolve(cfg) -> cfg``: the config as it will run (the demo world's paths filled in),
+    # a new config; the CLI writes it as the run's config.yaml. ``run`` resolves it too.
+    resolve: Callable[[Any], Any] | None = None
 
 
 def pipeline(
-    name: str, config_cls: type, help: str, flags: tuple[tuple[str, str, str], ...] = ()
+    name: str,
+    config_cls: type,
+    help: str,
+    flags: tuple[tuple[str, str, str], ...] = (),
+    resolve: Callable[[Any], Any] | None = None,
 ) -> Callable[[Any], Any]:
     def deco(fn: Callable[[Any, Any], dict]) -> Callable[[Any, Any], dict]:
-        register("pipeline", name)(Pipeline(name, config_cls, fn, help, flags))
+        register("pipeline", name)(Pipeline(name, config_cls, fn, help, flags, resolve))
         return fn
 
     return deco

@@ -74,9 +74,9 @@ def null_check_calibrated():
         own snippet scores, the run's split gives the report's p-value, and ``splits``
         halvings reject at most 3 times (1.6 % likely at a true 5 % were the splits
         independent; they share the files, so roughly); the verdict names a rejection."""
-        from mia_ray.config import AuditJobConfig
         from mia_ray.detectors.dataset_inference import file_matrix, null_check
         from mia_ray.pipelines.audit import design_of
+        from mia_ray.pipelines.audit.config import AuditJobConfig
 
         snip = pd.read_parquet(out / "snippet_scores.parquet")
         rows = [("suspected", f) for f in r["files"]] + [("unseen", f) for f in r["unseen_files"]]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mia_ray.config import AttackJobConfig, load_config
+from mia_ray.config import load_config
+from mia_ray.pipelines.attack.config import AttackJobConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +73,7 @@ def test_cluster_yaml_passes_rays_own_launcher_checks(cluster):
 
 
 def test_lumia_cluster_job_configs_load_with_every_key_valid():
-    from mia_ray.config import LumiaJobConfig
+    from mia_ray.pipelines.lumia.config import LumiaJobConfig
 
     text = load_config(LumiaJobConfig, str(ROOT / "jobs" / "lumia_cluster.yaml"))
     assert text.model.name_or_path == "EleutherAI/pythia-1.4b" and text.targets == []
@@ -85,7 +86,7 @@ def test_lumia_cluster_job_configs_load_with_every_key_valid():
 
 
 def test_memhunter_job_configs_load_with_the_papers_settings_on_the_cluster():
-    from mia_ray.config import MemHunterJobConfig
+    from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
 
     c = load_config(MemHunterJobConfig, str(ROOT / "jobs" / "memhunter_cluster.yaml"))
     assert (c.model.name_or_path, c.hunter.model) == ("EleutherAI/pythia-1b", "gpt2")
@@ -101,7 +102,7 @@ def test_memhunter_job_configs_load_with_the_papers_settings_on_the_cluster():
 
 
 def test_leakage_job_configs_load_with_the_papers_settings():
-    from mia_ray.config import LeakageJobConfig
+    from mia_ray.pipelines.leakage.config import LeakageJobConfig
 
     c = load_config(LeakageJobConfig, str(ROOT / "jobs" / "leakage_cluster.yaml"))
     assert c.scan.copyright_span == 300 and c.eval.shots == 16 and c.scan.workers == 32
@@ -110,7 +111,7 @@ def test_leakage_job_configs_load_with_the_papers_settings():
     demo = load_config(LeakageJobConfig, str(ROOT / "jobs" / "leakage_demo.yaml"))
     assert demo.crawl.demo and demo.eval.targets[0] == "@world:smollm2-crawl"
     assert demo.eval.few_shot_curve == [0, 4, 8, 16]
-    from mia_ray.config import CopyCheckJobConfig
+    from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 
     bb = load_config(CopyCheckJobConfig, str(ROOT / "jobs" / "copycheck_blackbox_demo.yaml"))
     assert bb.uncertainty.samplers == ["blackbox"] and bb.backend.serve

@@ -1,8 +1,9 @@
 import pytest
 import yaml
 
-from mia_ray.config import AttackJobConfig, dump_yaml, load_config
+from mia_ray.config import dump_yaml, load_config
 from mia_ray.errors import MiaError
+from mia_ray.pipelines.attack.config import AttackJobConfig
 
 
 def _write(tmp_path, text):
@@ -99,14 +100,14 @@ COPYCHECK_ERRORS = [
 
 @pytest.mark.parametrize("overrides,message", COPYCHECK_ERRORS)
 def test_copycheck_config_errors_name_the_problem(overrides, message):
-    from mia_ray.config import CopyCheckJobConfig
+    from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 
     with pytest.raises(MiaError, match=message):
         load_config(CopyCheckJobConfig, "jobs/copycheck_demo.yaml", overrides)
 
 
 def test_copycheck_demo_and_cluster_configs_load():
-    from mia_ray.config import CopyCheckJobConfig
+    from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 
     demo = load_config(CopyCheckJobConfig, "jobs/copycheck_demo.yaml")
     assert demo.world.target == "tiny" and demo.experiment.n_unseen_in_suspected == [10, 20, 30, 40]
@@ -135,14 +136,14 @@ LUMIA_ERRORS = [
 
 @pytest.mark.parametrize("overrides,message", LUMIA_ERRORS)
 def test_lumia_config_errors_name_the_problem(overrides, message):
-    from mia_ray.config import LumiaJobConfig
+    from mia_ray.pipelines.lumia.config import LumiaJobConfig
 
     with pytest.raises(MiaError, match=message):
         load_config(LumiaJobConfig, "jobs/lumia_demo.yaml", overrides)
 
 
 def test_set_value_that_is_not_yaml_is_a_clear_error():
-    from mia_ray.config import MemHunterJobConfig
+    from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
 
     with pytest.raises(MiaError, match=r"--set dataset_test.suspects: the value is not valid YAML"):
         load_config(MemHunterJobConfig, None, ["dataset_test.suspects=[@target]"])
@@ -155,7 +156,7 @@ def test_set_value_that_is_not_yaml_is_a_clear_error():
 
 
 def test_memhunter_config_errors_name_the_key():
-    from mia_ray.config import MemHunterJobConfig
+    from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
 
     with pytest.raises(MiaError, match=r"hunter.prompt_tokens must be at least 2"):
         load_config(MemHunterJobConfig, None, ["world.target=tiny", "hunter.prompt_tokens=1"])
@@ -170,7 +171,7 @@ def test_memhunter_config_errors_name_the_key():
 
 
 def test_audit_statistics_settings_are_checked():
-    from mia_ray.config import AuditConfig
+    from mia_ray.pipelines.audit.config import AuditConfig
 
     def bad(message, **kw):
         with pytest.raises(MiaError, match=message):

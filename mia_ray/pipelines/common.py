@@ -13,12 +13,17 @@ from mia_ray.log import log, note
 __all__ = ["fingerprint", "log", "note"]  # the pipelines' wiring imports them from here
 
 
-def resolve_world(cfg) -> None:
-    """With ``world.target`` set, build the demo world if missing and point data/model at it."""
+def resolve_world(cfg):
+    """With ``world.target`` set, build the demo world if missing; return a copy of ``cfg``
+    whose data and model point at it (``cfg`` itself unchanged; a resolved config resolves
+    to itself)."""
     if not cfg.world.target:
-        return
+        return cfg
+    import copy
+
     from mia_ray.demo.world import ensure_world
 
+    cfg = copy.deepcopy(cfg)
     targets = [cfg.world.target]
     log(f"demo world at {cfg.world.resolved_root()} (target {cfg.world.target})")
     info = ensure_world(cfg.world, targets)
@@ -30,6 +35,7 @@ def resolve_world(cfg) -> None:
     cfg.model.name_or_path = cfg.model.name_or_path or str(info["model"])
     if info.get("reference"):
         cfg.model.reference = cfg.model.reference or str(info["reference"])
+    return cfg
 
 
 def check_model_early(

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import HunterConfig
 from mia_ray.errors import MiaError
+from mia_ray.pipelines.memhunter.config import HunterConfig
 
 Score = Callable[[list[str], list[list[int]], list[list[int]]], tuple[np.ndarray, np.ndarray]]
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from mia_ray.actors.sampler import Sampler, snippet_seed
-from mia_ray.config import FinetuneConfig
+from mia_ray.pipelines.copycheck.config import FinetuneConfig
 from mia_ray.train.copycheck import train_member
 
 pytestmark = pytest.mark.slow
@@ -114,8 +114,8 @@ def dropout_base(adapters, tmp_path_factory):
 def test_mc_dropout_switches_on_every_dropout_by_default_or_only_lora(adapters, dropout_base):
     import torch
 
-    from mia_ray.config import UncertaintyConfig
     from mia_ray.errors import MiaError
+    from mia_ray.pipelines.copycheck.config import UncertaintyConfig
 
     base, paths, spec = adapters
     kw = dict(kind="mcd", adapters=[paths["mcd"]], column="p", n_samples=5, seed=3,

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from mia_ray.cli import main
-from mia_ray.config import AuditJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.audit import SIDES, check_counts
+from mia_ray.pipelines.audit.config import AuditJobConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SETTINGS = [

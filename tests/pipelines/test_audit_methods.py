@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mia_ray.config import AuditJobConfig, FinetuneConfig
 from mia_ray.errors import MiaError
+from mia_ray.pipelines.audit.config import AuditJobConfig
 from mia_ray.pipelines.audit.methods import method_configs, run_methods
+from mia_ray.pipelines.copycheck.config import FinetuneConfig
 
 
 def _audit_cfg(tmp_path, methods, **model):

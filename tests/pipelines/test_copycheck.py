@@ -189,9 +189,10 @@ def test_one_actor_per_member_in_a_placement_group_gives_the_same_predictions(ru
     import pandas as pd
     import ray
 
-    from mia_ray.config import CopyCheckJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.pipelines import copycheck as cc
     from mia_ray.pipelines.common import resolve_world
+    from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 
     out, _ = run
     sets = [a for a in _args(test_world, out)[3:-2] if a != "--set"]
@@ -200,7 +201,7 @@ def test_one_actor_per_member_in_a_placement_group_gives_the_same_predictions(ru
         "jobs/copycheck_demo.yaml",
         [*sets, "uncertainty.placement=members", "uncertainty.cpus_per_actor=0.3"],
     )
-    resolve_world(cfg)
+    cfg = resolve_world(cfg)
     docs, exps = cc.experiments_of(cfg)
     snippets = pd.read_parquet(out / "snippets.parquet")
     jobs = cc.finetune_jobs(cfg, exps, snippets, out / "members-check")
@@ -220,9 +221,10 @@ def test_one_actor_per_member_in_a_placement_group_gives_the_same_predictions(ru
 
 
 def test_members_placement_that_would_starve_ray_data_fails_clearly(ray_local):
-    from mia_ray.config import CopyCheckJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.errors import MiaError
     from mia_ray.pipelines import copycheck as cc
+    from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 
     cfg = load_config(
         CopyCheckJobConfig,
@@ -242,9 +244,10 @@ def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
 
     import pandas as pd
 
-    from mia_ray.config import CopyCheckJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.pipelines import copycheck as cc
     from mia_ray.pipelines.common import resolve_world
+    from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
     from mia_ray.train.launch import finished
 
     out, _ = run
@@ -252,7 +255,7 @@ def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
 
     def config(*extra, model=None):
         cfg = load_config(CopyCheckJobConfig, "jobs/copycheck_demo.yaml", [*sets, *extra])
-        resolve_world(cfg)
+        cfg = resolve_world(cfg)
         if model is not None:
             cfg.model.name_or_path = str(model)
         return cfg

@@ -122,7 +122,7 @@ def test_a_served_or_local_target_is_keyed_by_its_weights_not_its_path(test_worl
     import shutil
     from pathlib import Path
 
-    from mia_ray.config import CopyCheckJobConfig
+    from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
     from mia_ray.pipelines.copycheck.sampling import blackbox_spec
 
     def spec(model, **backend):

@@ -377,7 +377,7 @@ def _swap_weights(model_dir: Path, donor: Path) -> None:
 def test_new_weights_at_the_same_path_get_a_new_key_and_cache_scope(test_world, tmp_path):
     import shutil
 
-    from mia_ray.config import LeakageJobConfig
+    from mia_ray.pipelines.leakage.config import LeakageJobConfig
     from mia_ray.pipelines.leakage.evaluation import backend_spec, target_key
 
     model = tmp_path / "model"
@@ -427,7 +427,7 @@ def test_a_rerun_after_new_weights_at_the_same_path_scores_afresh(
     # The numbers are the rows' written now, i.e. those of the new weights.
     d = out / "eval" / str(model).strip("@").replace(":", "-").replace("/", "_")
     rows = {k: pd.read_parquet(d / f"{k}.parquet") for k in ("output", "scores", "self_detection")}
-    from mia_ray.config import LeakageJobConfig
+    from mia_ray.pipelines.leakage.config import LeakageJobConfig
 
     cfg = LeakageJobConfig()
     cfg.eval.shots, cfg.eval.few_shot_curve, cfg.eval.instances = 2, [0, 2], 3

@@ -259,8 +259,9 @@ def test_target_actors_that_leave_no_cpu_for_the_fine_tune_fail_clearly(
 
 
 def test_dataset_test_names_demo_world_models(test_world, tmp_path):
-    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.errors import MiaError
+    from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
     from mia_ray.pipelines.memhunter.dataset_test import model_paths
 
     sets = [f"world.root={test_world['root']}", "world.scale=test", "model.reference=r"]
@@ -279,8 +280,9 @@ def test_dataset_test_names_demo_world_models(test_world, tmp_path):
 
 
 def test_sweep_names_any_demo_world_model_not_only_the_targets(test_world, tmp_path):
-    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.errors import MiaError
+    from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
     from mia_ray.pipelines.memhunter.sweep import sweep_cells
 
     sets = [f"world.root={test_world['root']}", "world.scale=test", "world.target="]
@@ -309,7 +311,8 @@ def test_every_cache_key_follows_the_models_contents_not_their_paths(tmp_path):
     """Other weights at the same path (target, hunter, reference, a dataset-test model) and
     another dtype give other keys for the hunter's folder, extraction, the dataset test's
     fine-tunes and LCSS values, and the sweep cells; the same contents give the same keys."""
-    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.config import load_config
+    from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
     from mia_ray.pipelines.memhunter.dataset_test import finetune_key
     from mia_ray.pipelines.memhunter.keys import extraction_key, target_key
     from mia_ray.pipelines.memhunter.sweep import sweep_identity
@@ -365,8 +368,9 @@ def test_a_cells_inputs_reach_a_node_that_lacks_the_drivers_disk(tmp_path, monke
     import uuid
 
     from mia_ray import storage
-    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.models.identity import tree_sha256
+    from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
     from mia_ray.pipelines.memhunter.keys import target_key
     from mia_ray.pipelines.memhunter.sweep import CellWorkspace, cell_inputs, localize_cell
 
@@ -417,8 +421,9 @@ def test_a_cells_inputs_reach_a_node_that_lacks_the_drivers_disk(tmp_path, monke
 def test_cell_tasks_ask_for_cell_resources_and_retry_after_a_node_death():
     from ray import exceptions as rx
 
-    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.errors import MiaError
+    from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
     from mia_ray.pipelines.memhunter.sweep import cell_options
 
     sets = ["model.name_or_path=t", "hunter.model=h", "data.path=d",
@@ -439,8 +444,9 @@ def test_cell_tasks_ask_for_cell_resources_and_retry_after_a_node_death():
 def test_custom_resources_that_no_node_holds_fail_clearly(ray_local):
     """Actors and fine-tunes that ask for resources.custom_resources fit only on the nodes
     that hold them: counted there, not over the whole cluster (else they would wait forever)."""
-    from mia_ray.config import MemHunterJobConfig, load_config
+    from mia_ray.config import load_config
     from mia_ray.errors import MiaError
+    from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
     from mia_ray.pipelines.memhunter.inputs import check_resources
 
     sets = ["model.name_or_path=t", "hunter.model=h", "data.path=d"]

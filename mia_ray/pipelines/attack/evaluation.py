@@ -6,7 +6,7 @@ import time
 
 import pandas as pd
 
-from mia_ray.config import AttackJobConfig
+from mia_ray.pipelines.attack.config import AttackJobConfig
 from mia_ray.pipelines.common import (
     log,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from mia_ray.config import AttackJobConfig
+from mia_ray.pipelines.attack.config import AttackJobConfig
 from mia_ray.pipelines.attack.evaluation import evaluate_attacks
 from mia_ray.pipelines.attack.report import report_notes
 from mia_ray.pipelines.attack.scoring import score_attacks
@@ -22,12 +22,13 @@ from mia_ray.runtime import describe
     "attack",
     AttackJobConfig,
     help="classic membership attacks (LOSS, zlib, Min-K%, Min-K%++, lowercase, reference)",
+    resolve=resolve_world,
 )
 def run(cfg: AttackJobConfig, out: Path) -> dict:
     from mia_ray.reports.html import render_attack_report
     from mia_ray.reports.io import write_json, write_parquet
 
-    resolve_world(cfg)
+    cfg = resolve_world(cfg)
     check_target_early(cfg.model)
     if "ref" in cfg.attack.attacks:
         check_model_early(cfg.model.reference, "model.reference")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mia_ray.config import AttackJobConfig
+from mia_ray.pipelines.attack.config import AttackJobConfig
 
 
 def report_notes(cfg: AttackJobConfig, report: dict) -> list[str]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import AttackJobConfig
 from mia_ray.errors import MiaError
+from mia_ray.pipelines.attack.config import AttackJobConfig
 from mia_ray.pipelines.common import (
     fingerprint,
     labelled_documents,

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import AuditJobConfig
+from mia_ray.pipelines.audit.config import AuditJobConfig
 from mia_ray.pipelines.audit.report import GUARANTEE, SCHEME, notes, verdict
 from mia_ray.pipelines.common import log
 

@@ -8,8 +8,8 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import AuditJobConfig
 from mia_ray.errors import MiaError
+from mia_ray.pipelines.audit.config import AuditJobConfig
 from mia_ray.pipelines.common import log
 
 SIDES = ("suspected", "unseen")
@@ -21,12 +21,16 @@ NULL_CHECK_MIN_UNSEEN = 8  # two pseudo-sides of 4 groups: each still needs 2 pe
 LENGTH_RATIO_WARNING = 2.0  # median words per file of one side over the other's
 
 
-def resolve_world(cfg: AuditJobConfig) -> None:
-    """With ``world.target``: the demo world's books, split for the audit, and its models."""
+def resolve_world(cfg: AuditJobConfig) -> AuditJobConfig:
+    """With ``world.target``: a copy of ``cfg`` on the demo world's books, split for the
+    audit, and its models."""
     if not cfg.world.target:
-        return
+        return cfg
+    import copy
+
     from mia_ray.demo.world import ensure_audit_books, ensure_world
 
+    cfg = copy.deepcopy(cfg)
     log(f"demo world at {cfg.world.resolved_root()} (target {cfg.world.target})")
     info = ensure_world(cfg.world, [cfg.world.target])
     split = ensure_audit_books(info["root"], cfg.world.target)
@@ -35,6 +39,7 @@ def resolve_world(cfg: AuditJobConfig) -> None:
     cfg.data.labels = cfg.data.labels or split["labels"]
     cfg.model.name_or_path = cfg.model.name_or_path or info["model"]
     cfg.model.reference = cfg.model.reference or info["reference"]
+    return cfg
 
 
 def _read_side(cfg: AuditJobConfig, side: str) -> pd.DataFrame:

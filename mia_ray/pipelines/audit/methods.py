@@ -40,25 +40,24 @@ import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mia_ray.config import (
-    AUDIT_METHODS,
-    AuditJobConfig,
-    BackendConfig,
+from mia_ray.config import BackendConfig
+from mia_ray.errors import MiaError
+from mia_ray.pipelines.audit.config import AUDIT_METHODS, AuditJobConfig
+from mia_ray.pipelines.common import log
+from mia_ray.pipelines.copycheck.config import (
     CopyCheckJobConfig,
-    CrawlConfig,
     DetectConfig,
     ExperimentConfig,
-    ExtractionConfig,
     FinetuneConfig,
-    HunterConfig,
-    LeakageJobConfig,
-    LeakEvalConfig,
-    MemHunterJobConfig,
-    ScanConfig,
     UncertaintyConfig,
 )
-from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import log
+from mia_ray.pipelines.leakage.config import (
+    CrawlConfig,
+    LeakageJobConfig,
+    LeakEvalConfig,
+    ScanConfig,
+)
+from mia_ray.pipelines.memhunter.config import ExtractionConfig, HunterConfig, MemHunterJobConfig
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from mia_ray.config import AttackConfig, AttackJobConfig, AuditJobConfig
+from mia_ray.pipelines.attack.config import AttackConfig, AttackJobConfig
 from mia_ray.pipelines.audit.analysis import analyse, feature_columns
+from mia_ray.pipelines.audit.config import AuditJobConfig
 from mia_ray.pipelines.audit.inputs import (
     prepare_files,
     resolve_world,
@@ -31,13 +32,14 @@ FLAGS = (
     help="did this model train on these files? a dataset-level p-value and per-file verdicts "
     "under false-discovery control",
     flags=FLAGS,
+    resolve=resolve_world,
 )
 def run(cfg: AuditJobConfig, out: Path) -> dict:
     from mia_ray.pipelines.attack import score_attacks
     from mia_ray.pipelines.audit.methods import method_configs, run_methods
 
     t0 = time.time()
-    resolve_world(cfg)
+    cfg = resolve_world(cfg)
     a = cfg.audit
     methods = method_configs(cfg)  # every requested method's config checks out before any work
     check_target_early(cfg.model)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mia_ray.config import AuditJobConfig
+from mia_ray.pipelines.audit.config import AuditJobConfig
 
 SCHEME = (
     "split-conformal: in a cross-fitting round, a suspected file is ranked against one file "

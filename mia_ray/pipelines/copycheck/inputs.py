@@ -6,11 +6,11 @@ from typing import Any
 
 import pandas as pd
 
-from mia_ray.config import CopyCheckJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     snippets_of,
 )
+from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 
 
 def read_side(path: str, data_cfg, prefix: str = "") -> pd.DataFrame:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from mia_ray.config import CopyCheckJobConfig
 from mia_ray.pipelines.common import (
     check_target_early,
     log,
     resolve_world,
 )
+from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 from mia_ray.pipelines.copycheck.detection import evaluate_experiment
 from mia_ray.pipelines.copycheck.features import baseline_features, meeus_of
 from mia_ray.pipelines.copycheck.inputs import experiments_of, snippets_for
@@ -26,6 +26,7 @@ from mia_ray.registry import pipeline
     "copycheck",
     CopyCheckJobConfig,
     help="CopyCheck: which suspected files the model has seen, from fine-tuning uncertainty",
+    resolve=resolve_world,
 )
 def run(cfg: CopyCheckJobConfig, out: Path, scored: pd.DataFrame | None = None) -> dict:
     """``scored``: the target's rows of a pass the caller made over the same snippets with the
@@ -34,7 +35,7 @@ def run(cfg: CopyCheckJobConfig, out: Path, scored: pd.DataFrame | None = None) 
     from mia_ray.reports.io import write_json, write_parquet
 
     t0 = time.time()
-    resolve_world(cfg)
+    cfg = resolve_world(cfg)
     remote_only = cfg.uncertainty.samplers == ["blackbox"] and cfg.backend.kind == "openai"
     if not (remote_only and not cfg.backend.serve):  # an API-only model has no local files
         check_target_early(cfg.model)

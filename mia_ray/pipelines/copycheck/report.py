@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from mia_ray.config import CLUSTER_METHODS
+from mia_ray.pipelines.copycheck.config import CLUSTER_METHODS
 from mia_ray.pipelines.copycheck.training import member_names
 from mia_ray.runtime import describe
 

@@ -8,12 +8,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import CopyCheckJobConfig, to_dict
+from mia_ray.config import to_dict
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     fingerprint,
     log,
 )
+from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 from mia_ray.pipelines.copycheck.inputs import text_key
 from mia_ray.runtime import ray_options
 from mia_ray.stages import parts_stage

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from mia_ray.config import CopyCheckJobConfig
 from mia_ray.pipelines.common import (
     fingerprint,
     log,
 )
+from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 from mia_ray.pipelines.copycheck.inputs import text_key
 
 

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import LeakageJobConfig, to_dict
+from mia_ray.config import to_dict
 from mia_ray.errors import MiaError
 from mia_ray.features.leaks import CATEGORIES
 from mia_ray.pipelines.common import fingerprint, log
+from mia_ray.pipelines.leakage.config import LeakageJobConfig
 from mia_ray.stats.metrics import wilson_interval
 
 METHODS = ("self_detection", "loss", "zlib", "min_k", "majority_vote")

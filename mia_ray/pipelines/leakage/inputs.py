@@ -4,21 +4,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mia_ray.config import LeakageJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import log
+from mia_ray.pipelines.leakage.config import LeakageJobConfig
 
 # Bumped when a scanned shard's rows change shape or meaning (2: the ``words`` column), so a
 # rerun rescans rather than read rows of another format.
 SCAN_FORMAT = 2
 
 
-def resolve_inputs(cfg: LeakageJobConfig) -> None:
-    """``crawl.demo``: the demo world's crawl, its truth, books and benchmark."""
+def resolve_inputs(cfg: LeakageJobConfig) -> LeakageJobConfig:
+    """``crawl.demo``: a copy of ``cfg`` on the demo world's crawl, its truth, books and
+    benchmark."""
     if not cfg.crawl.demo:
-        return
+        return cfg
+    import copy
+
     from mia_ray.demo.world import ensure_world
 
+    cfg = copy.deepcopy(cfg)
     log(f"demo crawl in the world at {cfg.world.resolved_root()}")
     info = ensure_world(cfg.world, [], crawl=True)["crawl"]
     cfg.crawl.shards = cfg.crawl.shards or info["shards"]
@@ -28,6 +32,7 @@ def resolve_inputs(cfg: LeakageJobConfig) -> None:
     span = info["meta"]["settings"]
     cfg.scan.copyright_span = min(cfg.scan.copyright_span, span["span_words"])
     cfg.scan.benchmark_span = min(cfg.scan.benchmark_span, span["bench_span_words"])
+    return cfg
 
 
 def check_paths(cfg: LeakageJobConfig) -> None:

@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mia_ray.config import LeakageJobConfig, to_dict
+from mia_ray.config import to_dict
 from mia_ray.features.leaks import CATEGORIES
+from mia_ray.pipelines.leakage.config import LeakageJobConfig
 from mia_ray.pipelines.leakage.inputs import check_paths, check_pool_fits, resolve_inputs
 from mia_ray.pipelines.leakage.rates import findings_of, leak_rates, score_against_truth
 from mia_ray.pipelines.leakage.scan import build_stores, scan_shards
@@ -41,12 +42,13 @@ def model_keys(cfg: LeakageJobConfig, evaluation: dict | None) -> dict[str, Any]
     "leakage",
     LeakageJobConfig,
     help="leakage survey: personal data, copyrighted text and benchmark data in a corpus, and how models emit and detect it",
+    resolve=resolve_inputs,
 )
 def run(cfg: LeakageJobConfig, out: Path) -> dict:
     from mia_ray.reports.leakage import write_report
 
     t0 = time.monotonic()
-    resolve_inputs(cfg)
+    cfg = resolve_inputs(cfg)
     check_paths(cfg)
     check_pool_fits(cfg)
     stores = build_stores(cfg, out)

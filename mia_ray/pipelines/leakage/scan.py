@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 
 from mia_ray.actors.scanner import LeakScanner
-from mia_ray.config import LeakageJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.models.identity import tree_sha256
 from mia_ray.pipelines.common import fingerprint, log
+from mia_ray.pipelines.leakage.config import LeakageJobConfig
 from mia_ray.pipelines.leakage.inputs import SCAN_FORMAT
 
 

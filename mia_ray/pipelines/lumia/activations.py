@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import LumiaJobConfig
 from mia_ray.pipelines.common import (
     fingerprint,
 )
+from mia_ray.pipelines.lumia.config import LumiaJobConfig
 from mia_ray.stages import parts_stage
 
 

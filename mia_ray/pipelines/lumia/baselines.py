@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import LumiaJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     fingerprint,
     log,
 )
+from mia_ray.pipelines.lumia.config import LumiaJobConfig
 
 FPR = 0.01  # the report's TPR@FPR point (the paper reports AUC only)
 

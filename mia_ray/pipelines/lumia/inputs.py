@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from mia_ray.config import LumiaJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     labelled_documents,
     snippets_of,
 )
+from mia_ray.pipelines.lumia.config import LumiaJobConfig
 
 
 def image_paths(data_cfg, ids: set[str]) -> dict[str, str]:

@@ -9,7 +9,6 @@ from typing import Any
 
 import pandas as pd
 
-from mia_ray.config import LumiaJobConfig
 from mia_ray.pipelines.common import (
     check_target_early,
     fingerprint,
@@ -18,6 +17,7 @@ from mia_ray.pipelines.common import (
 )
 from mia_ray.pipelines.lumia.activations import extract_activations
 from mia_ray.pipelines.lumia.baselines import baseline_attacks, baselines_of, blind_of
+from mia_ray.pipelines.lumia.config import LumiaJobConfig
 from mia_ray.pipelines.lumia.inputs import samples_of
 from mia_ray.pipelines.lumia.probes import train_probes
 from mia_ray.pipelines.lumia.report import report_notes
@@ -32,7 +32,7 @@ def run_target(cfg: LumiaJobConfig, name: str, out: Path) -> dict[str, Any]:
     from mia_ray.models.hf import is_vision_language
     from mia_ray.reports.io import write_parquet
 
-    resolve_world(cfg)
+    cfg = resolve_world(cfg)
     check_target_early(cfg.model)
     multimodal = is_vision_language(
         cfg.model.name_or_path, cfg.model.revision, cfg.model.trust_remote_code

@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mia_ray.config import LumiaJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     log,
 )
 from mia_ray.pipelines.lumia.baselines import FPR
+from mia_ray.pipelines.lumia.config import LumiaJobConfig
 from mia_ray.stages import reuse_json, save_json
 
 

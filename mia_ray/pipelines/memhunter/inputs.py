@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mia_ray.config import MemHunterJobConfig
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     check_model_early,
@@ -12,12 +11,14 @@ from mia_ray.pipelines.common import (
     labelled_documents,
     resolve_world,
 )
+from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
 
 
-def resolve_inputs(cfg: MemHunterJobConfig) -> None:
+def resolve_inputs(cfg: MemHunterJobConfig) -> MemHunterJobConfig:
     """Demo world: target, its reference and data from ``world.target``; the hunter defaults
-    to the world's tiny-ref, a small GPT trained only on the reference pool (never on members)."""
-    resolve_world(cfg)
+    to the world's tiny-ref, a small GPT trained only on the reference pool (never on members).
+    Returns the resolved copy, its models checked."""
+    cfg = resolve_world(cfg)
     if cfg.world.target and not cfg.hunter.model:
         from mia_ray.demo.world import ensure_world
 
@@ -25,6 +26,7 @@ def resolve_inputs(cfg: MemHunterJobConfig) -> None:
         cfg.hunter.model = info["targets"]["tiny"]["reference"]
     check_target_early(cfg.model)
     check_model_early(cfg.hunter.model, "hunter.model")
+    return cfg
 
 
 def read_pairs(cfg: MemHunterJobConfig, tok) -> tuple[pd.DataFrame, dict[int, list[str]]]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mia_ray.config import MemHunterJobConfig
 from mia_ray.models.identity import model_key, tree_sha256
 from mia_ray.pipelines.common import (
     fingerprint,
 )
+from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
 
 # How a context is built and scored; part of every cache key, so that rows cached by code
 # that built contexts otherwise (before the BOS went in front of p + x) are never reused.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mia_ray.config import MemHunterJobConfig
+from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
 
 
 def notes(cfg: MemHunterJobConfig, dtest: dict, bos: list[int]) -> list[str]:

@@ -9,12 +9,13 @@ from typing import Any
 import pandas as pd
 
 from mia_ray.actors.target import TargetPool
-from mia_ray.config import MemHunterJobConfig, to_dict
+from mia_ray.config import to_dict
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     fingerprint,
     log,
 )
+from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
 from mia_ray.pipelines.memhunter.dataset_test import run_dataset_test
 from mia_ray.pipelines.memhunter.extraction import (
     cached_rows,
@@ -43,7 +44,7 @@ def run_one(
     from mia_ray.data.pairs import bos_prefix
     from mia_ray.reports.io import write_json, write_parquet
 
-    resolve_inputs(cfg)
+    cfg = resolve_inputs(cfg)
     h = cfg.hunter
     from mia_ray.models.hf import load_tokenizer
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mia_ray import storage
-from mia_ray.config import MemHunterJobConfig, to_dict
+from mia_ray.config import to_dict
 from mia_ray.errors import MiaError
 from mia_ray.keys import file_sha256, listing_sha256
 from mia_ray.models.identity import tree_sha256
@@ -21,6 +21,7 @@ from mia_ray.pipelines.common import (
     fingerprint,
     log,
 )
+from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
 from mia_ray.pipelines.memhunter.dataset_test import named_model
 from mia_ray.pipelines.memhunter.keys import SCORING, hunter_key, target_key
 from mia_ray.pipelines.memhunter.single import run_one

@@ -1,0 +1,129 @@
+"""The audit's config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mia_ray.config import (
+    DataConfig,
+    JobConfig,
+    ModelConfig,
+    ResourcesConfig,
+    WorldConfig,
+    check_at_least_1,
+    check_attacks,
+    check_choice,
+    hint,
+)
+from mia_ray.errors import MiaError
+
+AUDIT_METHODS = ("copycheck", "memhunter", "leakage")
+
+
+@dataclass
+class AuditConfig:
+    """`mia-ray audit`: did the model train on ``suspected``? ``unseen``: files of the same kind
+    that it surely never saw (written after its cut-off, or held back)."""
+
+    suspected: str = ""  # folder, .jsonl or .parquet (any format data.format reads)
+    unseen: str = ""
+    fdr: float = 0.05  # per-file verdicts: false-discovery rate of the step-up rule
+    # bh: Benjamini-Hochberg; by: Benjamini-Yekutieli (valid under any dependence, stricter)
+    fdr_method: str = "bh"
+    alpha: float = 0.05  # the dataset-level test's level (and the null and blind checks')
+    rounds: int = 5  # cross-fitting repeats (seeds seed .. seed + rounds - 1)
+    # per-file p-values: the largest over the first N rounds' split-conformal p-values. 1: exact
+    # with one calibration set per half; more: a verdict that holds under every one of N
+    # splits (not one lucky seed), at a measured cost in power (VALIDITY.md)
+    file_rounds: int = 1
+    seed: int = 0
+    # random permutations of the sources' sides for each test: p >= 1 / (permutations + 1)
+    permutations: int = 1999
+    # full-size snippets scored per file, drawn (seeded) from each file's; files with fewer
+    # are left out and listed. 0: the fewest any file has (at most data.max_snippets_per_doc)
+    snippets_per_file: int = 0
+    # group files that share long word spans (8-grams; data/neardup.py) as one source
+    near_duplicates: bool = True
+    # features for the linear model (reference-free attacks; "ref" joins with model.reference)
+    attacks: list[str] = field(
+        default_factory=lambda: ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase"]
+    )
+    min_k_ratios: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.3, 0.5])
+    C: float = 1.0  # inverse ridge strength of the discriminant on standardized file features
+    blind_check: bool = True
+    null_check: bool = True
+    # more evidence, each by its own pipeline into --out/<name>: copycheck | memhunter | leakage
+    methods: list[str] = field(default_factory=list)
+    # --set style overrides of a method's own config, e.g.
+    # {copycheck: ["uncertainty.n_ensemble=4"], memhunter: ["hunter.iterations=3"]}
+    method_settings: dict[str, list[str]] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        for key in ("fdr", "alpha"):
+            v = getattr(self, key)
+            if not 0 < v < 1:
+                raise MiaError(f"audit.{key} must lie in (0, 1), e.g. 0.05, not {v}")
+        check_at_least_1(
+            {
+                "audit.rounds": self.rounds,
+                "audit.permutations": self.permutations,
+                "audit.file_rounds": self.file_rounds,
+            }
+        )
+        if self.file_rounds > self.rounds:
+            raise MiaError(
+                f"audit.file_rounds ({self.file_rounds}) cannot exceed audit.rounds ({self.rounds})"
+            )
+        check_choice("audit.fdr_method", self.fdr_method, ("bh", "by"))
+        if self.snippets_per_file < 0:
+            raise MiaError(
+                f"audit.snippets_per_file must be 0 (the fewest any file has) or more, not "
+                f"{self.snippets_per_file}"
+            )
+        if self.C <= 0:
+            raise MiaError(f"audit.C must be > 0, not {self.C}")
+        check_attacks("audit", self.attacks, self.min_k_ratios)
+        if "ref" in self.attacks:
+            raise MiaError("audit.attacks: leave 'ref' out; it joins when model.reference is set")
+        for m in self.method_settings:
+            if m not in self.methods:
+                raise MiaError(
+                    f"audit.method_settings names {m!r}, which audit.methods does not run "
+                    f"(audit.methods: {self.methods})"
+                )
+        for m in self.methods:
+            if m not in AUDIT_METHODS:
+                raise MiaError(
+                    f"audit.methods: unknown method {m!r}{hint(m, list(AUDIT_METHODS))} "
+                    f"(known: {', '.join(AUDIT_METHODS)})"
+                )
+
+
+@dataclass
+class AuditJobConfig(JobConfig):
+    """`mia-ray audit --model M --suspected PATH --unseen PATH [--reference R] --out DIR`."""
+
+    audit: AuditConfig = field(default_factory=AuditConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    world: WorldConfig = field(default_factory=WorldConfig)
+
+    def check(self) -> None:
+        if self.data.path:
+            raise MiaError(
+                "data.path is not read by audit: give --suspected and --unseen "
+                "(audit.suspected, audit.unseen)"
+            )
+        if not self.world.target:
+            if not (self.audit.suspected and self.audit.unseen):
+                raise MiaError(
+                    "audit needs --suspected (the files you think the model trained on) and "
+                    "--unseen (files of the same kind it surely never saw)"
+                )
+            if not self.model.name_or_path:
+                raise MiaError("audit needs --model: a hub name or a local folder")
+        elif self.world.target not in ("tiny", "tiny-random"):
+            raise MiaError(
+                f"world.target {self.world.target!r}: the audit demo runs on tiny or tiny-random"
+            )
