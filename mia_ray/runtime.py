@@ -60,6 +60,9 @@ def _connect(ray, address: str, num_cpus: int, quiet: bool) -> str:
         # A private local instance needs no token; a cluster keeps whatever mode it was started with.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, **common)
+        from mia_ray.reaper import watch
+
+        watch()  # the instance's processes go with this driver, however it ends
         return "local"
     except ConnectionError as e:
         raise MiaError(
