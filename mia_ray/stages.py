@@ -200,6 +200,35 @@ def folder_stage(
     return path, _close(path, ws, rel, name, key, "folder", meta)
 
 
+def remote_folder_stage(
+    out: Path, name: str, key: str, launch: Callable[[str, str, dict], Any], reused: str = ""
+) -> tuple[Path, dict]:
+    """A folder stage that remote code computes (a task or trial on any node):
+    ``launch(storage_url, rel, marker)`` must write the folder ``rel`` into the storage at
+    ``storage_url`` and finish it with ``marker`` (``Storage.put_dir(..., meta=marker)`` or
+    :func:`commit`). Reused when storage holds the key; the driver pulls the folder into
+    ``out/name``. Returns the folder and its marker."""
+    path = Path(out) / name
+    ws = storage.workspace_of(Path(out))  # the run's, or out's own outside a run
+    rel = storage.inside(path, ws.local)
+    got = done(ws.storage, rel, key)
+    if got is None:
+        if ws.storage.exists(rel):
+            ws.storage.delete(rel)  # another key's folder, or half of one
+        launch(ws.url(), rel, record(rel, key, "folder", run=ws.run_id))
+        got = done(ws.storage, rel, key)
+        if got is None:
+            raise RuntimeError(f"stage {rel}: the remote computation left no marker for its key")
+        reused = ""
+    if path.exists() and not holds(marker(path), key):
+        shutil.rmtree(path)  # a local copy of another key's folder
+    ws.pull(rel)
+    _record(*_where(path), key, "folder", reused=bool(reused))
+    if reused:
+        log(reused)
+    return path, got
+
+
 def record(name: str, key: str, kind: str, meta: dict | None = None, run: str = "") -> dict:
     """A finished stage's marker: what it is, the key it holds, and ``meta`` (its record)."""
     return {"stage": name, "key": key, "kind": kind, "run": run, "complete": True, **(meta or {})}

@@ -171,32 +171,6 @@ def _log(msg: str) -> None:
     print(f"[hunter {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _checkpoint(path: Path) -> None:
-    """Copy ``path`` (a file or folder of the run) to the run's storage, where a new driver,
-    or a sweep cell that runs again on another node, resumes from it; outside a run, or for a
-    folder outside the run's ``--out``, nothing."""
-    from mia_ray import storage
-
-    ws = storage.current()
-    if ws is None:
-        return
-    try:
-        Path(path).resolve().relative_to(ws.local.resolve())
-    except ValueError:
-        return
-    ws.push(path)
-
-
-def _iter_dir(out: Path, i: int) -> Path:
-    return out / f"iter-{i:02d}"
-
-
-def last_finished(out: Path) -> int:
-    """The last iteration whose ``done.json`` exists (-1 = none)."""
-    done = [int(p.parent.name[5:]) for p in out.glob("iter-*/done.json")]
-    return max(done, default=-1)
-
-
 def train_hunter(
     hunter,
     score: Score,
@@ -207,102 +181,79 @@ def train_hunter(
     stop_after: int | None = None,
     identity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Algorithm 1 over ``pairs`` (the training split); checkpoints in ``out/iter-XX``.
+    """Algorithm 1 over ``pairs`` (the training split), each step a stage under ``out``
+    (``mia_ray.stages``): ``baseline`` (the pairs scored without a prompt), then per
+    iteration ``search-XX`` (step 1) and ``iter-XX`` (``pool.parquet``, ``adapter/`` of step
+    2, the iteration's record in its marker). Iteration i's key chains the keys before it, so
+    a rerun reuses the finished iterations in order, and the finished search of an interrupted
+    one; other settings, pairs or models (``identity``: the target's and the hunter's content
+    keys) train afresh. ``stop_after`` ends the run after that iteration (as an interruption
+    would). Returns the training record."""
+    from mia_ray.keys import fingerprint
+    from mia_ray.reports.io import write_parquet
+    from mia_ray.stages import folder_stage, frame_stage
 
-    Per iteration: ``search.parquet`` (step 1), ``pool.parquet``, ``adapter/`` (step 2) and
-    last ``done.json``. A rerun with the same ``out`` resumes after the last ``done.json``
-    and reuses a finished search of the interrupted iteration. ``stop_after`` ends the run
-    after that iteration (as an interruption would). ``identity`` (JSON-able: the target's
-    and the hunter's content keys, the pairs' tokens) is recorded beside the settings; a
-    folder trained under another one is refused like other settings. Returns the training
-    record.
-    """
-    from mia_ray.reports.io import read_json, write_json, write_parquet
-
-    out.mkdir(parents=True, exist_ok=True)
     # What shapes the training, not where it runs or how extraction samples later.
     skip = ("train_cpus", "train_gpus", "sample_top_k", "sample_temperature")
     recipe = {k: v for k, v in asdict(spec).items() if k not in skip}
-    settings = {"spec": recipe, "pairs": sorted(pairs["pair_id"])}
-    if identity is not None:
-        settings["identity"] = identity
-    meta = out / "settings.json"
-    if meta.exists() and read_json(meta) != settings:
-        raise MiaError(
-            f"{out} holds a hunter trained with other settings, pairs or models: choose another "
-            "--out"
-        )
-    write_json(meta, settings)
-    _checkpoint(meta)
-    base_path = out / "baseline.parquet"
-    if base_path.exists():
-        baseline = pd.read_parquet(base_path)
-    else:
-        n = len(pairs)
-        mu, loss = score([""] * n, list(pairs["x_ids"]), list(pairs["y_ids"]))
-        baseline = pd.DataFrame({"pair_id": list(pairs["pair_id"]), "mu": mu, "loss": loss})
-        write_parquet(base_path, baseline)
-        _checkpoint(base_path)
-    start = last_finished(out) + 1
-    pool, adapter = empty_pool(), ""
-    if start > 0:
-        prev = _iter_dir(out, start - 1)
-        pool = pd.read_parquet(prev / "pool.parquet")
-        adapter = read_json(prev / "done.json")["adapter"]
-        adapter = str(out / adapter) if adapter else ""
-        _log(f"resuming after iteration {start - 1} (pool of {len(pool)})")
-    history = []
-    for i in range(start, spec.iterations):
-        d = _iter_dir(out, i)
-        d.mkdir(exist_ok=True)
-        hunter.load_adapter(adapter)
-        t0 = time.time()
-        if (d / "search.parquet").exists():
-            found = pd.read_parquet(d / "search.parquet")
-        else:
-            found = beam_search(hunter, score, pairs, spec, iteration=i)
-            write_parquet(d / "search.parquet", found)
-            _checkpoint(d / "search.parquet")
-        t_search = time.time() - t0
-        pool = update_pool(pool, found, baseline, spec.pool_size, spec.rejection, iteration=i)
-        write_parquet(d / "pool.parquet", pool)
-        _checkpoint(d / "pool.parquet")
-        t1 = time.time()
-        record: dict[str, Any] = {"pool": len(pool)}
-        if len(pool):
-            record.update(
-                finetune(adapter, pool, str(d / "adapter"), pair_seed(spec.seed, "ft", i))
+    key = fingerprint(recipe, sorted(pairs["pair_id"]), identity)
+
+    def score_baseline() -> pd.DataFrame:
+        mu, loss = score([""] * len(pairs), list(pairs["x_ids"]), list(pairs["y_ids"]))
+        return pd.DataFrame({"pair_id": list(pairs["pair_id"]), "mu": mu, "loss": loss})
+
+    baseline = frame_stage(out, "baseline", key, score_baseline)
+    pool, adapter, records = empty_pool(), "", []
+    for i in range(spec.iterations):
+        key = fingerprint(key, i)  # an iteration holds only after the ones before it
+        state = {"pool": pool, "adapter": adapter}
+
+        def iterate(d: Path, i=i, key=key, state=state) -> dict:
+            hunter.load_adapter(state["adapter"])
+            t0 = time.time()
+            found = frame_stage(
+                out, f"search-{i:02d}", key, lambda: beam_search(hunter, score, pairs, spec, i)
             )
-            adapter = str(d / "adapter")
-        t_ft = time.time() - t1
-        record.update(
-            {
-                "iteration": i,
-                "adapter": str(Path(adapter).relative_to(out)) if adapter else "",
-                "search_s": round(t_search, 2),
-                "finetune_s": round(t_ft, 2),
-                "search_mu_mean": float(found["mu"].mean()),
-                "pool_mu_mean": float(pool["mu"].mean()) if len(pool) else None,
-                "candidates": int(found["candidates"].sum()),
-            }
-        )
-        write_json(d / "done.json", record)
-        # Last: storage that holds an iteration's done.json holds its pool and adapter (the
-        # ``finetune`` callable's task put the adapter there) too.
-        _checkpoint(d)
-        history.append(record)
-        _log(
-            f"iteration {i + 1}/{spec.iterations}: search mu {record['search_mu_mean']:.3f}, "
-            f"pool {len(pool)}, {t_search:.0f} s search + {t_ft:.0f} s fine-tune"
-        )
+            t_search = time.time() - t0
+            pool = update_pool(state["pool"], found, baseline, spec.pool_size, spec.rejection, i)
+            write_parquet(d / "pool.parquet", pool)
+            t1 = time.time()
+            record: dict[str, Any] = {"pool": len(pool)}
+            adapter = state["adapter"]
+            if len(pool):
+                record.update(
+                    finetune(adapter, pool, str(d / "adapter"), pair_seed(spec.seed, "ft", i))
+                )
+                adapter = str(d / "adapter")
+            record.update(
+                {
+                    "iteration": i,
+                    "adapter": str(Path(adapter).relative_to(out)) if adapter else "",
+                    "search_s": round(t_search, 2),
+                    "finetune_s": round(time.time() - t1, 2),
+                    "search_mu_mean": float(found["mu"].mean()),
+                    "pool_mu_mean": float(pool["mu"].mean()) if len(pool) else None,
+                    "candidates": int(found["candidates"].sum()),
+                }
+            )
+            _log(
+                f"iteration {i + 1}/{spec.iterations}: search mu {record['search_mu_mean']:.3f}, "
+                f"pool {len(pool)}, {t_search:.0f} s search + {record['finetune_s']:.0f} s fine-tune"
+            )
+            return {"record": record}
+
+        d, marker = folder_stage(out, f"iter-{i:02d}", key, iterate)
+        record = marker["record"]
+        pool = pd.read_parquet(d / "pool.parquet")
+        adapter = str(out / record["adapter"]) if record["adapter"] else ""
+        records.append(record)
         if stop_after is not None and i >= stop_after:
             break
-    all_done = [read_json(_iter_dir(out, i) / "done.json") for i in range(last_finished(out) + 1)]
     return {
-        "iterations": all_done,
+        "iterations": records,
         "adapter": adapter,
         "baseline_mu_mean": float(baseline["mu"].mean()),
-        "finished": last_finished(out) + 1 >= spec.iterations,
+        "finished": len(records) >= spec.iterations,
     }
 
 

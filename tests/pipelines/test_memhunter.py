@@ -126,9 +126,9 @@ def test_hunter_trained_and_checkpointed_every_iteration(run):
     (hdir,) = (out / "hunter").iterdir()  # keyed on the models' contents and the pairs
     for i in range(2):
         d = hdir / f"iter-{i:02d}"
-        assert (d / "done.json").is_file() and (d / "pool.parquet").is_file()
+        assert (d / ".complete.json").is_file() and (d / "pool.parquet").is_file()
     pool = pd.read_parquet(hdir / "iter-01" / "pool.parquet")
-    base = pd.read_parquet(hdir / "baseline.parquet").set_index("pair_id")
+    base = pd.read_parquet(hdir / "baseline" / "frame.parquet").set_index("pair_id")
     # Rejection sampling: every pooled prompt beats the prefix alone on its pair.
     b = base.loc[pool["pair_id"]]
     assert (
@@ -458,4 +458,22 @@ def test_custom_resources_that_no_node_holds_fail_clearly(ray_local):
 
 
 def test_report_numbers_match_the_snapshot(run, report_snapshot):
-    report_snapshot(run[1], "memhunter")
+    """All but what the wall clock decides: MiniPrompt and the GCG plug-in run for as long as
+    MemHunter took (their steps and what they recover differ between two runs of the same
+    code, measured on the code before the stage layer), and the seconds."""
+    report = run[1]
+    clocked = {
+        i for i, r in enumerate(report["extraction"])
+        if r["method"] in ("miniprompt", "memhunter_gcg", "gcg")
+    }  # fmt: skip
+
+    def ignore(key: str) -> bool:
+        head = key.split("/")
+        return (
+            key.endswith("_s")
+            or head[0] == "plugin"
+            or "gcg_steps" in key
+            or (head[0] == "extraction" and int(head[1]) in clocked)
+        )
+
+    report_snapshot(report, "memhunter", ignore)

@@ -162,8 +162,9 @@ def test_interrupted_training_resumes_to_the_same_pool(tmp_path):
 
 def test_each_checkpoint_reaches_storage_and_another_driver_resumes_from_it(tmp_path):
     """Within a run whose storage is elsewhere (an object store: pyarrow's mock://), every
-    iteration goes to storage as it finishes, its done.json last; a new driver whose --out is
-    empty pulls storage and resumes after the last finished iteration."""
+    stage (baseline, search, iteration) goes to storage as it finishes, its marker with it; a
+    new driver whose --out is empty pulls storage and resumes after the last finished
+    iteration."""
     import uuid
 
     from mia_ray import storage
@@ -182,12 +183,12 @@ def test_each_checkpoint_reaches_storage_and_another_driver_resumes_from_it(tmp_
     finally:
         storage.set_current(None)
     names = set(first.storage.files())
-    assert {"hunter/settings.json", "hunter/baseline.parquet", "hunter/iter-00/search.parquet",
-            "hunter/iter-00/pool.parquet", "hunter/iter-00/done.json"} <= names  # fmt: skip
-    assert not any(n.startswith("hunter/iter-01") for n in names)
-    # The iteration's folder goes last, after its search and pool: its done.json with it.
-    assert pushed[-1] == str(out / "iter-00")
-    assert pushed.index(str(out / "iter-00" / "pool.parquet")) < len(pushed) - 1
+    assert {"hunter/baseline/frame.parquet", "hunter/search-00/frame.parquet",
+            "hunter/iter-00/pool.parquet", "hunter/iter-00/.complete.json"} <= names  # fmt: skip
+    assert not any(n.startswith(("hunter/iter-01", "hunter/search-01")) for n in names)
+    # The iteration's folder goes last, after its search: its marker with it.
+    assert pushed[-1] == "hunter/iter-00"
+    assert pushed.index("hunter/search-00") < len(pushed) - 1
     # Another driver, its --out empty, the same storage: it resumes after iteration 0.
     second = storage.Workspace(tmp_path / "elsewhere", uri, distributed=True)
     assert second.pull() == len(names)
@@ -201,25 +202,27 @@ def test_each_checkpoint_reaches_storage_and_another_driver_resumes_from_it(tmp_
     assert set(first.storage.files()) == names
 
 
-def test_other_settings_in_the_same_folder_are_refused(tmp_path):
+def test_other_settings_pairs_or_models_in_the_same_folder_train_afresh(tmp_path):
+    """Each step is a stage keyed on the recipe, the pairs and the models' content keys
+    (``identity``): the same training is reused whole (no search: its score is None), and
+    other pairs, settings or weights at the same paths train again in the same folder."""
     spec = HunterConfig(prompt_tokens=2, top_k=2, beams=1, iterations=1)
-    train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(), tmp_path, spec)
-    with pytest.raises(MiaError, match="other settings, pairs or models"):
-        train_hunter(CountingHunter(), secret_score, _fake_finetune([]), _pairs(2), tmp_path, spec)
-
-
-def test_a_hunter_trained_for_other_models_is_not_resumed(tmp_path):
-    # Same settings and pairs, but the target's weights changed at the same path.
-    spec = HunterConfig(prompt_tokens=2, top_k=2, beams=1, iterations=1)
-    ft = _fake_finetune([])
-    train_hunter(CountingHunter(), secret_score, ft, _pairs(), tmp_path, spec,
-                 identity={"target": "aaaa", "hunter": "bbbb"})  # fmt: skip
-    with pytest.raises(MiaError, match="other settings, pairs or models"):
-        train_hunter(CountingHunter(), secret_score, ft, _pairs(), tmp_path, spec,
-                     identity={"target": "cccc", "hunter": "bbbb"})  # fmt: skip
-    again = train_hunter(CountingHunter(), secret_score, ft, _pairs(), tmp_path, spec,
-                         identity={"target": "aaaa", "hunter": "bbbb"})  # fmt: skip
-    assert again["finished"]
+    a = {"target": "aaaa", "hunter": "bbbb"}
+    logs: list[list] = [[], [], [], [], []]
+    first = train_hunter(CountingHunter(), secret_score, _fake_finetune(logs[0]), _pairs(),
+                         tmp_path, spec, identity=a)  # fmt: skip
+    again = train_hunter(CountingHunter(), None, _fake_finetune(logs[1]), _pairs(), tmp_path,
+                         spec, identity=a)  # fmt: skip
+    assert logs[0] and not logs[1] and again["iterations"] == first["iterations"]
+    train_hunter(CountingHunter(), secret_score, _fake_finetune(logs[2]), _pairs(2), tmp_path,
+                 spec, identity=a)  # fmt: skip
+    other = {"target": "cccc", "hunter": "bbbb"}  # the target's weights changed in place
+    train_hunter(CountingHunter(), secret_score, _fake_finetune(logs[3]), _pairs(), tmp_path,
+                 spec, identity=other)  # fmt: skip
+    wider = HunterConfig(prompt_tokens=2, top_k=3, beams=1, iterations=1)
+    train_hunter(CountingHunter(), secret_score, _fake_finetune(logs[4]), _pairs(), tmp_path,
+                 wider, identity=other)  # fmt: skip
+    assert all(len(log) == 1 for log in (logs[2], logs[3], logs[4])), logs
 
 
 @pytest.mark.slow

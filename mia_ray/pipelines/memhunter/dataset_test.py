@@ -19,6 +19,7 @@ from mia_ray.pipelines.common import (
 )
 from mia_ray.pipelines.memhunter.keys import SCORING, target_key
 from mia_ray.runtime import ray_options
+from mia_ray.stages import remote_folder_stage
 
 
 def finetune_spec(epochs: float, lr: float):
@@ -28,10 +29,10 @@ def finetune_spec(epochs: float, lr: float):
     return FinetuneSpec(epochs=epochs, lr=lr, target_modules=())
 
 
-def finetune_model_task(texts, base, root, rel, epochs, lr, seed, threads):
+def finetune_model_task(texts, base, root, rel, marker, epochs, lr, seed, threads):
     """A dataset-test fine-tune (the proxy, ``@finetune:...``) on whichever node Ray gives it:
     the model is saved into a temp folder of that node, then put into storage
-    (``root``/``rel``, its completion marker last). Returns the training record."""
+    (``root``/``rel``, its stage ``marker`` last). Returns the training record."""
     from mia_ray.train.lm import finetune_causal_lm
 
     spec = finetune_spec(epochs, lr)
@@ -40,7 +41,7 @@ def finetune_model_task(texts, base, root, rel, epochs, lr, seed, threads):
         record = finetune_causal_lm(
             texts, storage.localize(base), tmp, spec, seed=seed, threads=threads
         )
-        storage.open_storage(root).put_dir(tmp, rel)
+        storage.open_storage(root).put_dir(tmp, rel, marker)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return record
@@ -110,7 +111,6 @@ def model_paths(
         # Run again elsewhere if its node dies: it writes its temp folder, then storage.
         max_retries=3,
     )
-    ws = storage.workspace_of(out)
     for name in dict.fromkeys(names):
         path = named.get(name) or named_model(cfg, name)
         if path is not None:
@@ -123,17 +123,18 @@ def model_paths(
         which = name.split(":", 1)[1]
         base = named.get(d.base) or named_model(cfg, d.base)
         texts = docs_by_label[1 if which == "members" else 0]
-        dest = out / "models" / f"finetune-{which}-{finetune_key(cfg, which, texts, base)}"
-        rel = storage.inside(dest, ws.local)
-        if not ws.storage.complete(rel):
+
+        def launch(root, rel, marker, texts=texts, base=base, which=which):
             log(f"dataset test: fine-tuning {base} on {len(texts)} {which} documents")
             ray.get(
                 task.remote(
-                    texts, storage.for_remote(base), ws.url(), rel, d.finetune_epochs, d.finetune_lr,
-                    d.finetune_seed, threads,
+                    texts, storage.for_remote(base), root, rel, marker, d.finetune_epochs,
+                    d.finetune_lr, d.finetune_seed, threads,
                 )
             )  # fmt: skip
-        ws.pull(rel)
+
+        key = finetune_key(cfg, which, texts, base)
+        dest, _ = remote_folder_stage(out, f"models/finetune-{which}", key, launch)
         paths[name] = str(dest)
     return paths
 
