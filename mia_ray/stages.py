@@ -63,6 +63,11 @@ def marker(path: Path) -> dict | None:
         return None
 
 
+def recorded(out: Path, name: str, key: str, kind: str, reused: bool) -> None:
+    """Record in the run's manifest a stage resolved by hand (:func:`done`, :func:`commit`)."""
+    _record(*_where(Path(out) / name), key, kind, reused)
+
+
 def stage_key(path: Path) -> str:
     """The key a stage folder was computed for ("" when it holds no marker)."""
     got = marker(Path(path))

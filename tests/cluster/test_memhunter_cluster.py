@@ -210,7 +210,7 @@ def test_sweep_cells_one_per_worker_give_the_one_node_numbers(
     for name in report["sweep"]["cells"]:
         cell = json.loads((out / "cells" / name / "report.json").read_text())
         assert _numbers(cell) == _numbers(one_cells[name]), name
-        nodes.append(json.loads((out / "cells" / name / "cell.json").read_text())["node"])
+        nodes.append(json.loads((out / "cells" / name / ".complete.json").read_text())["node"])
     # Each cell ran on a worker of its own.
     assert len(set(nodes)) == 2 and set(nodes) == _workers(cluster), nodes
 
@@ -255,7 +255,7 @@ def test_a_cell_whose_worker_dies_runs_again_and_gives_the_same_numbers(
     attempts = [t for t in _tasks(cluster, "_cell_task") if t.task_id == task.task_id]
     assert max(t.attempt_number for t in attempts) >= 1, attempts
     assert re.search(r"resuming after iteration [01]", err), err[-6000:]
-    again = json.loads((out / "cells" / victim / "cell.json").read_text())["node"]
+    again = json.loads((out / "cells" / victim / ".complete.json").read_text())["node"]
     assert again != task.node_id and again in _workers(cluster)
     # ... and every number is the unbroken run's.
     assert _sweep_numbers(report) == _sweep_numbers(one)

@@ -272,11 +272,12 @@ def run_sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
     resources, so as many cells run at once as those fit (``sweep.max_concurrent``, and
     ``sweep.cell_resources``: e.g. one cell per node). A cell may run on any node: its inputs
     go through storage (:func:`cell_inputs`), it works in ``cells/<name>`` of storage
-    (:func:`cell_task`), and the driver pulls each finished cell into ``out/cells/<name>``,
-    where ``cell.json`` (its key and the node it ran on) marks it done for a rerun."""
+    (:func:`cell_task`), and the driver pulls each finished cell into ``out/cells/<name>``:
+    a folder stage whose marker (its key and the node it ran on) marks it done for a rerun."""
     import ray
 
     from mia_ray.reports.io import read_json, write_json
+    from mia_ray.stages import commit, done, recorded
 
     cells = sweep_cells(cfg, out)
     res = cfg.resources
@@ -298,8 +299,9 @@ def run_sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
     for ds, m, c in cells:
         d = out / "cells" / f"{cell_name(ds)}__{cell_name(m)}"
         fp = cell_key(c)
-        done = d / "cell.json"
-        if done.exists() and read_json(done).get("fingerprint") == fp:
+        if done(ws.storage, storage.inside(d, ws.local), fp) is not None:
+            ws.pull(d)
+            recorded(out, f"cells/{d.name}", fp, "folder", reused=True)
             results[(ds, m)] = read_json(d / "report.json")
             continue
         todo.append((ds, m, c, d, fp))
@@ -318,8 +320,10 @@ def run_sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
         got = ray.get(ref)
         ws.pull(d)  # the cell's folder, from storage
         results[(ds, m)] = got["report"]
-        write_json(d / "cell.json", {"fingerprint": fp, "node": got["node"]})
-        ws.push(d / "cell.json")  # the cell is done, for a new driver too
+        rel = storage.inside(d, ws.local)
+        commit(ws.storage, rel, fp, "folder", {"node": got["node"]})  # done, for a rerun too
+        ws.pull(rel)
+        recorded(out, f"cells/{d.name}", fp, "folder", reused=False)
         log(f"sweep: cell {cell_name(ds)} x {cell_name(m)} done ({len(results)}/{len(cells)})")
     rows, verdicts, power = [], [], []
     for ds, m, _ in cells:
