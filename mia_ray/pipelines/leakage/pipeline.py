@@ -66,7 +66,7 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
         leakage_rate[c] = row
     evaluation = None
     if cfg.eval.targets:
-        from mia_ray.pipelines.leak_eval import run_eval
+        from mia_ray.pipelines.leakage.evaluation import run_eval
 
         evaluation = run_eval(cfg, found, out)
     scanned_mb = float(docs["bytes"].sum()) / 1e6
