@@ -78,7 +78,7 @@ def main() -> None:
         c.resources.cpus_per_actor = (cpus - 1) / actors
         c.resources.torch_threads = max(1, cpus // actors)
         c.hunter.train_cpus = 1
-        pool = TargetPool(c.model.name_or_path, c)
+        pool = TargetPool(c.model.name_or_path, c.model, c.resources)
         try:
             pool.frame(probes.head(2))  # load the models before the clock starts
             t0 = time.perf_counter()

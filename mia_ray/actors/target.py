@@ -241,14 +241,15 @@ class TargetLM:
 
 
 class TargetPool:
-    """A pool of TargetLM actors holding one model (``path``, loaded with ``cfg.model``'s
-    settings on ``cfg.resources``' actors): batched scoring and GCG runs. Its launcher."""
+    """A pool of TargetLM actors holding one model (``path``, loaded with the ``model_cfg``
+    section's settings, on actors sized by the ``res_cfg`` section): batched scoring and GCG
+    runs. Its launcher."""
 
-    def __init__(self, path: str, cfg):
+    def __init__(self, path: str, model_cfg, res_cfg):
         import ray
         from ray.util import ActorPool
 
-        res, m = cfg.resources, cfg.model
+        res, m = res_cfg, model_cfg
         threads = res.torch_threads or max(1, int(np.ceil(res.cpus_per_actor)))
         remote = ray.remote(TargetLM).options(
             **ray_options(res, res.cpus_per_actor, res.gpus_per_actor),

@@ -191,7 +191,7 @@ def test_row(kind: str, suspect: str, against: str, fn, *args, alpha: float) -> 
 def lcss_of(cfg, name: str, path: str, probes: pd.DataFrame) -> pd.DataFrame:
     """The dataset test's probes scored by model ``path`` (split, pair_id, trial, mu)."""
     log(f"dataset test: LCSS of {name} ({path})")
-    pool = TargetPool(path, cfg)
+    pool = TargetPool(path, cfg.model, cfg.resources)
     try:
         cols = ["split", "pair_id", "trial", "prompt", "x_ids", "y_ids"]
         return pool.frame(probes[cols])[["split", "pair_id", "trial", "mu"]]

@@ -57,7 +57,7 @@ def run_one(
         raise MiaError(f"pairs: need train and test pairs of members, got {counts}")
     write_parquet(out / "pairs.parquet", pairs)
     check_resources(cfg)
-    target = TargetPool(cfg.model.name_or_path, cfg)
+    target = TargetPool(cfg.model.name_or_path, cfg.model, cfg.resources)
     try:
         threads = cfg.resources.torch_threads or 1
         hunter = Hunter(
