@@ -123,7 +123,7 @@ def test_an_invalid_sub_config_fails_with_its_own_message_prefixed(tmp_path):
 def test_building_the_configs_loads_neither_ray_nor_torch(tmp_path):
     code = (
         "import sys; from pathlib import Path\n"
-        "from mia_ray.config import AuditJobConfig\n"
+        "from mia_ray.pipelines.audit.config import AuditJobConfig\n"
         "from mia_ray.pipelines.audit.methods import method_configs\n"
         "cfg = AuditJobConfig()\n"
         f"cfg.audit.suspected, cfg.audit.unseen = {str(tmp_path)!r}, {str(tmp_path)!r}\n"

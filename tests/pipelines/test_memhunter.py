@@ -46,7 +46,7 @@ def test_extraction_rows_cover_every_method_and_budget(run):
         assert col in rows
     mem = rows[rows["method"] == "memhunter"]
     assert set(mem["split"]) == {"test", "nonmember"}
-    runs = pd.concat(pd.read_parquet(p) for p in (out / "extraction").glob("*.parquet"))
+    runs = pd.concat(pd.read_parquet(p) for p in (out / "extraction").rglob("frame.parquet"))
     for split, part in mem.groupby("split"):
         part = part.sort_values("trials")
         assert list(part["trials"]) == [2, 4]
