@@ -242,7 +242,8 @@ def train_hunter(
             )
             return {"record": record}
 
-        d, marker = folder_stage(out, f"iter-{i:02d}", key, iterate)
+        reused = f"hunter: iteration {i + 1}/{spec.iterations}: reusing an earlier run's"
+        d, marker = folder_stage(out, f"iter-{i:02d}", key, iterate, reused=reused)
         record = marker["record"]
         pool = pd.read_parquet(d / "pool.parquet")
         adapter = str(out / record["adapter"]) if record["adapter"] else ""

@@ -93,7 +93,8 @@ def _same_as_one_node(out: Path, one_node) -> dict:
 def _records(out: Path) -> dict[str, dict]:
     """Each member's done record, as the driver pulled it into ``--out``."""
     return {
-        m: json.loads((out / "train" / EXPERIMENT / m / "done.json").read_text()) for m in MEMBERS
+        m: json.loads((out / "train" / EXPERIMENT / m / ".complete.json").read_text())
+        for m in MEMBERS
     }
 
 
@@ -136,7 +137,7 @@ def test_on_both_workers_a_killed_driver_and_a_new_driver_give_the_one_node_numb
     driver = cluster.spawn_driver(_args(world, first, *with_storage))
     members = storage / "train" / EXPERIMENT
     try:
-        _wait("a committed member", lambda: list(members.glob("*/done.json")), driver)
+        _wait("a committed member", lambda: list(members.glob("*/.complete.json")), driver)
         driver.proc.kill()
         driver.finish(timeout=60)
     finally:
@@ -145,7 +146,8 @@ def test_on_both_workers_a_killed_driver_and_a_new_driver_give_the_one_node_numb
     assert re.search(r"staged \S+/models/tiny in storage", driver.log), driver.log[-4000:]
     time.sleep(3)  # Ray ends the dead driver's trials
     kept = {
-        p.parent.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in members.glob("*/done.json")
+        p.parent.name: (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in members.glob("*/.complete.json")
     }
     assert kept and not (first / "report.json").exists()
 
@@ -161,7 +163,7 @@ def test_on_both_workers_a_killed_driver_and_a_new_driver_give_the_one_node_numb
         assert "as Ray Tune trials" not in r.stderr
     # The committed members were not trained again: their done records are untouched.
     for m, (data, mtime) in kept.items():
-        p = members / m / "done.json"
+        p = members / m / ".complete.json"
         assert (p.read_bytes(), p.stat().st_mtime_ns) == (data, mtime), m
     _same_as_one_node(out, one_node)
 
@@ -173,8 +175,8 @@ def test_on_both_workers_a_killed_driver_and_a_new_driver_give_the_one_node_numb
     started = {a["node_id"] for rec in records.values() for a in rec["attempts"]}
     assert started == cluster.worker_ids(), records
     for m, rec in records.items():
-        # Committed to storage: the adapter whole (its marker), then done.json; --out a copy.
-        assert json.loads((members / m / "done.json").read_text()) == rec
+        # Committed to storage: the adapter whole (its marker), then the member's marker; --out a copy.
+        assert json.loads((members / m / ".complete.json").read_text()) == rec
         marker = json.loads((members / m / "adapter" / ".complete.json").read_text())
         assert marker["content_sha256"] == rec["adapter_sha256"]
         starts = [a["node_id"] for a in rec["attempts"]]
@@ -216,12 +218,12 @@ def test_s3_storage_and_a_worker_lost_mid_fine_tuning(cluster, world, one_node, 
     driver = cluster.spawn_driver(args)
 
     def started_not_done():
-        """A member whose training started (attempts.json) and has no done.json yet."""
+        """A member whose training started (attempts.json) and has no marker yet."""
         found = s3.list_objects_v2(Bucket=s3_server.bucket, Prefix=f"{prefix}/train/")
         keys = {o["Key"] for o in found.get("Contents", [])}
         for key in sorted(keys):
             member = key.rsplit("/", 1)[0]
-            if key.endswith("/attempts.json") and f"{member}/done.json" not in keys:
+            if key.endswith("/attempts.json") and f"{member}/.complete.json" not in keys:
                 body = s3.get_object(Bucket=s3_server.bucket, Key=key)["Body"].read()
                 return member.rsplit("/", 1)[1], json.loads(body)[-1]["node_id"]
         return None
@@ -273,7 +275,7 @@ def test_a_deepspeed_zero2_member_on_two_workers(cluster, world):
     )  # fmt: skip
     r = cluster.run_driver(args, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
-    rec = json.loads((out / "train" / EXPERIMENT / "mcd" / "done.json").read_text())
+    rec = json.loads((out / "train" / EXPERIMENT / "mcd" / ".complete.json").read_text())
     assert rec["zero_stage"] == 2 and rec["world_size"] == 2
     assert sorted(rec["worker_nodes"]) == sorted(cluster.worker_ids()), rec["worker_nodes"]
     assert rec["node_id"] == rec["worker_nodes"][0]  # rank 0 committed it

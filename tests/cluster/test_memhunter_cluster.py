@@ -174,7 +174,7 @@ def test_hunter_fine_tunes_on_a_worker_give_the_one_node_numbers(
 ):
     from mia_ray.storage import open_storage
 
-    seen = {t.task_id for t in _tasks(cluster, "_finetune_task")}
+    seen = {t.task_id for t in _tasks(cluster, "finetune_task")}
     out = cluster.runs / f"mh-{uuid.uuid4().hex[:8]}"
     store = _s3(s3_server, "mh")
     args = _args(world, out, *SINGLE, *ON_WORKERS)
@@ -182,7 +182,7 @@ def test_hunter_fine_tunes_on_a_worker_give_the_one_node_numbers(
     assert report["runtime"]["nodes"] == 3
     assert _numbers(report) == _numbers(single_one_node)
     # Both iterations' fine-tunes ran on workers; the driver pulled their adapters.
-    fts = [t for t in _tasks(cluster, "_finetune_task") if t.task_id not in seen]
+    fts = [t for t in _tasks(cluster, "finetune_task") if t.task_id not in seen]
     assert len(fts) == 2 and {t.node_id for t in fts} <= _workers(cluster), fts
     (hdir,) = (out / "hunter").iterdir()
     for i in range(2):
@@ -223,7 +223,7 @@ def test_a_cell_whose_worker_dies_runs_again_and_gives_the_same_numbers(
     one, one_cells = sweep_one_node
     out = cluster.runs / f"mh-kill-{uuid.uuid4().hex[:8]}"
     store = _s3(s3_server, "mh-kill")
-    seen = {t.task_id for t in _tasks(cluster, "_cell_task")}
+    seen = {t.task_id for t in _tasks(cluster, "cell_task")}
     args = _args(world, out, *SWEEP, *ON_WORKERS, *CELL_PER_WORKER)
     driver = _Driver(cluster, args, store, tmp_path)
     for k, v in s3_server.env.items():
@@ -235,13 +235,13 @@ def test_a_cell_whose_worker_dies_runs_again_and_gives_the_same_numbers(
     while victim is None:
         assert driver.running() and time.time() < deadline, "no cell reached iteration 1"
         for name in one["sweep"]["cells"]:
-            if any(f.endswith("iter-00/done.json") for f in storage.files(f"cells/{name}")):
+            if any(f.endswith("iter-00/.complete.json") for f in storage.files(f"cells/{name}")):
                 victim = name
                 break
         time.sleep(0.2)
     (task,) = [
         t
-        for t in _tasks(cluster, "_cell_task")
+        for t in _tasks(cluster, "cell_task")
         if t.task_id not in seen and t.name == f"memhunter cell {victim}" and t.state == "RUNNING"
     ]
     (dead,) = [i for i, w in enumerate(cluster.workers) if w.node_id == task.node_id]
@@ -252,9 +252,9 @@ def test_a_cell_whose_worker_dies_runs_again_and_gives_the_same_numbers(
     report, err = driver.finish()
     # The cell ran again, on another node, and resumed from what its first attempt had put
     # into storage.
-    attempts = [t for t in _tasks(cluster, "_cell_task") if t.task_id == task.task_id]
+    attempts = [t for t in _tasks(cluster, "cell_task") if t.task_id == task.task_id]
     assert max(t.attempt_number for t in attempts) >= 1, attempts
-    assert re.search(r"resuming after iteration [01]", err), err[-6000:]
+    assert re.search(r"hunter: iteration [12]/2: reusing an earlier run's", err), err[-6000:]
     again = json.loads((out / "cells" / victim / ".complete.json").read_text())["node"]
     assert again != task.node_id and again in _workers(cluster)
     # ... and every number is the unbroken run's.

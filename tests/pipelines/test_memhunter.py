@@ -146,7 +146,7 @@ def test_rerun_trains_and_searches_nothing_and_gives_identical_numbers(run, test
     capfd.readouterr()
     assert main(_args(test_world, out)) == 0
     err = capfd.readouterr().err
-    assert "resuming after iteration 1" in err
+    assert "hunter: iteration 2/2: reusing an earlier run's" in err
     for stage in ("manual", "miniprompt", "plugin"):
         assert f"{stage}: reusing the results of an earlier run" in err
     again = json.loads((out / "report.json").read_text())
