@@ -281,7 +281,8 @@ def test_a_deepspeed_zero2_member_on_two_workers(cluster, world):
     assert rec["node_id"] == rec["worker_nodes"][0]  # rank 0 committed it
     # Each optimizer step takes a batch of 4 on both workers.
     assert rec["steps"] == math.ceil(rec["n_train"] / 8) and rec["spec"]["deepspeed"]
-    adapters = [p.parent for p in (storage / "train").rglob(".complete.json")]
+    # One adapter committed (its marker); the member's own marker beside it.
+    adapters = [p.parent for p in (storage / "train").rglob("adapter/.complete.json")]
     assert adapters == [storage / "train" / EXPERIMENT / "mcd" / "adapter"]
     # DeepSpeed's optimizer stepped the LoRA weights (B starts at zero).
     from safetensors.torch import load_file

@@ -154,6 +154,25 @@ def test_rerun_trains_and_searches_nothing_and_gives_identical_numbers(run, test
     assert again["hypothesis"] == report["hypothesis"]
 
 
+def test_a_rerun_in_another_resolved_dtype_recomputes_every_model_stage(
+    run, test_world, capfd, tmp_path
+):
+    """The target, hunter and fine-tunes are keyed on the dtype they resolve to where they run
+    (``models.identity.model_key``): the same job with the target in bfloat16, into a copy of
+    the same --out, reuses nothing that the target scored (before, the key left the device
+    and the resolved dtype out, and a GPU rerun would have reused CPU rows)."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(run[0], out)
+    capfd.readouterr()
+    assert main(_args(test_world, out, "--set", "model.dtype=bfloat16")) == 0
+    err = capfd.readouterr().err
+    assert "reusing" not in err, [x for x in err.splitlines() if "reusing" in x]
+    again = json.loads((out / "report.json").read_text())
+    assert again["training"]["finished"] and again["extraction"]
+
+
 def test_target_recovers_a_memorised_text_and_not_an_unseen_one(tmp_path, test_world):
     """A tiny GPT trained hard on two texts continues their prefixes verbatim (mu = 1);
     on texts it never saw, mu stays low."""
