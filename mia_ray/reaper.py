@@ -55,7 +55,7 @@ def descendants(root: int) -> dict[int, int]:
     return out
 
 
-def _alive(pid: int, start: int) -> bool:
+def is_alive(pid: int, start: int) -> bool:
     got = _stat(pid)
     return got is not None and got[1] == start
 
@@ -63,7 +63,7 @@ def _alive(pid: int, start: int) -> bool:
 def reap(known: dict[int, int], grace_s: float = GRACE_S) -> list[int]:
     """Stop the processes in ``known`` (pid -> start time) that still run; return the pids
     it stopped."""
-    left = [p for p, s in known.items() if _alive(p, s)]
+    left = [p for p, s in known.items() if is_alive(p, s)]
     signalled = list(left)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in left:
@@ -72,19 +72,19 @@ def reap(known: dict[int, int], grace_s: float = GRACE_S) -> list[int]:
             except OSError:
                 pass
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(p, known[p]) for p in left):
+        while time.monotonic() < deadline and any(is_alive(p, known[p]) for p in left):
             time.sleep(0.1)
-        left = [p for p in left if _alive(p, known[p])]
+        left = [p for p in left if is_alive(p, known[p])]
         if not left:
             break
-    return [p for p in signalled if not _alive(p, known[p])]
+    return [p for p in signalled if not is_alive(p, known[p])]
 
 
 def run(driver: int, driver_start: int, poll_s: float = POLL_S) -> None:
     """The reaper's loop (in its own process): follow ``driver``'s descendants until it is
     gone, then stop them."""
     known: dict[int, int] = {}
-    while _alive(driver, driver_start):
+    while is_alive(driver, driver_start):
         known.update(descendants(driver))
         known.pop(os.getpid(), None)  # the reaper is the driver's child too
         time.sleep(poll_s)

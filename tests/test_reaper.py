@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mia_ray.reaper import _alive, descendants, reap
+from mia_ray.reaper import descendants, is_alive, reap
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -43,9 +43,9 @@ def test_a_killed_drivers_ray_processes_are_stopped(tmp_path):
         driver.send_signal(signal.SIGKILL)
         driver.wait()
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any(_alive(p, s) for p, s in family.items()):
+        while time.monotonic() < deadline and any(is_alive(p, s) for p, s in family.items()):
             time.sleep(0.5)
-        left = [p for p, s in family.items() if _alive(p, s)]
+        left = [p for p, s in family.items() if is_alive(p, s)]
         assert not left, [open(f"/proc/{p}/cmdline").read() for p in left]
     finally:
         if driver.poll() is None:

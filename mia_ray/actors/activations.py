@@ -32,7 +32,7 @@ def parse_column(name: str) -> tuple[str, int] | None:
     return (part, int(layer)) if part and layer.isdigit() else None
 
 
-def _block_lists(model) -> dict[str, object]:
+def block_lists(model) -> dict[str, object]:
     """The ModuleLists holding the transformer blocks, by part.
 
     Found by length (the config's number of layers) rather than by attribute path, so that
@@ -108,7 +108,7 @@ class ActivationReader:
         keep_one = "logits_to_keep" in params and not self.token_stats
         self._extra = {"logits_to_keep": 1} if keep_one else {}
         self.layers: dict[str, int] = {}
-        for part, blocks in _block_lists(self.model).items():
+        for part, blocks in block_lists(self.model).items():
             self.layers[part] = len(blocks)
             for i, block in enumerate(blocks):
                 block.register_forward_hook(self._hook(part, i + 1))

@@ -30,7 +30,7 @@ class TokenScores:
 SHARED_PREFIX_MIN = 32  # tokens: below this, one padded batch is as cheap as a cached prefix
 
 
-def _shared_prefix(seqs: list[list[int]], n_last: list[int]) -> int:
+def shared_prefix(seqs: list[list[int]], n_last: list[int]) -> int:
     """Length of the token prefix all rows share, short of each row's last context token
     (every row keeps one context token of its own to predict its continuation from)."""
     limit = min(len(s) - n - 1 for s, n in zip(seqs, n_last, strict=True))
@@ -225,7 +225,7 @@ class LocalHFBackend(Backend):
         seqs = [encoded[i][0] for i in rows]
         n_last = [encoded[i][1] for i in rows]
         keep = len(rows) < len(encoded)
-        shared = _shared_prefix(seqs, n_last)
+        shared = shared_prefix(seqs, n_last)
         if len(seqs) > 1 and shared >= SHARED_PREFIX_MIN:
             got = self.score_shared(seqs, n_last, shared, keep_first=keep)
         else:

@@ -361,7 +361,7 @@ def read_jsonl_texts(path: Path, ids: set[str] | None = None) -> list[str]:
 # ------------------------------------------------------------------------------- models
 
 
-def _train_tiny(
+def train_tiny(
     texts: list[str], out_dir: str, scale: str, seed: int, threads: int, train: bool, name: str
 ) -> dict[str, Any]:
     from mia_ray.train.lm import train_causal_lm
@@ -759,7 +759,7 @@ def _build(cfg: WorldConfig, root: Path, targets: list[str], threads: int) -> No
                 else:
                     texts = []  # tiny-random: initialised, never trained
                 job = _run(
-                    _train_tiny,
+                    train_tiny,
                     threads,
                     texts=texts,
                     out_dir=str(tmp),

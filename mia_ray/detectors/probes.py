@@ -119,7 +119,7 @@ def _bce(z: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.logaddexp(0.0, z) - y * z))
 
 
-def _loss_and_grads(params: dict, X, y, mask=None) -> tuple[float, dict]:
+def loss_and_grads(params: dict, X, y, mask=None) -> tuple[float, dict]:
     """Mean BCE over (X (n, d), y (n,)) and its gradient for every parameter.
 
     ``mask`` (n, h) is an inverted-dropout mask (0 or 1/(1-p)); None means no dropout.
@@ -134,7 +134,7 @@ def _loss_and_grads(params: dict, X, y, mask=None) -> tuple[float, dict]:
     return _bce(z, y), grads
 
 
-def _adam_step(params, grads, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8) -> None:
+def adam_step(params, grads, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8) -> None:
     """One Adam update (Kingma & Ba 2015) in place; ``t`` counts steps from 1."""
     for k, g in grads.items():
         m[k] = beta1 * m[k] + (1 - beta1) * g
@@ -201,11 +201,11 @@ class MLPProbe(BaseEstimator):
             for start in range(0, n, self.batch_size):
                 idx = order[start : start + self.batch_size]
                 mask = (rng.random((idx.size, h)) >= p) / (1 - p) if p > 0 else None
-                loss, grads = _loss_and_grads(params, X[idx], y[idx], mask)
+                loss, grads = loss_and_grads(params, X[idx], y[idx], mask)
                 if self.weight_decay:
                     grads = {k: g + self.weight_decay * params[k] for k, g in grads.items()}
                 t += 1
-                _adam_step(params, grads, m, v, t, self.lr)
+                adam_step(params, grads, m, v, t, self.lr)
                 total += loss * idx.size
             self.train_loss_.append(total / n)
             val = _bce(_forward(params, X_val)[0], y_val)

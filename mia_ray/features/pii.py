@@ -563,7 +563,7 @@ PII_TYPES: tuple[PiiType, ...] = (
 
 PII_TYPE_NAMES: tuple[str, ...] = tuple(t.name for t in PII_TYPES)
 _BY_NAME: dict[str, PiiType] = {t.name: t for t in PII_TYPES}
-_PRIORITY: dict[str, int] = {t.name: t.priority for t in PII_TYPES}  # person names: -1
+PRIORITY: dict[str, int] = {t.name: t.priority for t in PII_TYPES}  # person names: -1
 _CONTEXT_SLACK = 64  # longer than any context-type match, so a window never truncates one
 
 
@@ -609,7 +609,7 @@ FIRST_NAME_STOP = frozenset(
 )
 HONORIFICS = frozenset({"Mr", "Mrs", "Ms", "Dr", "Prof"})
 # Capitalised words (McDonald, O'Brien, Smith-Jones) and initials ("J.").
-_NAME_TOKEN = re.compile(
+NAME_TOKEN = re.compile(
     r"[A-Z](?<!\w.)(?:['’][A-Z])?[a-z]+(?:[A-Z][a-z]+)?(?:-[A-Z][a-z]+)?\b|[A-Z](?<!\w.)\.(?!\w)"
 )
 
@@ -655,11 +655,11 @@ def name_lists(
     return frozenset(first), _read_census(files["dist.all.last"], last_top)
 
 
-def _key(token: str) -> str:
+def match_key(token: str) -> str:
     return token.upper().replace("'", "").replace("’", "")
 
 
-def _space(gap: str) -> bool:
+def space_of(gap: str) -> bool:
     return 0 < len(gap) <= 2 and gap.isspace() and "\n" not in gap
 
 
@@ -671,25 +671,25 @@ def find_person_names(
     first, last = name_lists(first_top, last_top)
 
     def surname(tok: str) -> bool:
-        return tok[-1] != "." and all(_key(p) in last for p in tok.split("-"))
+        return tok[-1] != "." and all(match_key(p) in last for p in tok.split("-"))
 
     def full_name(i: int) -> int:
         """Index of the last token of a name starting at token i, or -1."""
-        if toks[i][2][-1] == "." or _key(toks[i][2]) not in first:
+        if toks[i][2][-1] == "." or match_key(toks[i][2]) not in first:
             return -1
-        if i + 2 < len(toks) and _space(text[toks[i][1] : toks[i + 1][0]]):
+        if i + 2 < len(toks) and space_of(text[toks[i][1] : toks[i + 1][0]]):
             mid = toks[i + 1][2]
-            if (mid[-1] == "." or _key(mid) in first) and _space(
+            if (mid[-1] == "." or match_key(mid) in first) and space_of(
                 text[toks[i + 1][1] : toks[i + 2][0]]
             ):
                 if surname(toks[i + 2][2]):
                     return i + 2
-        if i + 1 < len(toks) and _space(text[toks[i][1] : toks[i + 1][0]]):
+        if i + 1 < len(toks) and space_of(text[toks[i][1] : toks[i + 1][0]]):
             if surname(toks[i + 1][2]):
                 return i + 1
         return -1
 
-    toks = [(m.start(), m.end(), m.group()) for m in _NAME_TOKEN.finditer(text)]
+    toks = [(m.start(), m.end(), m.group()) for m in NAME_TOKEN.finditer(text)]
     out: list[PiiMatch] = []
     i = 0
     while i < len(toks):
@@ -697,7 +697,7 @@ def find_person_names(
         j = -1
         if tok in HONORIFICS and i + 1 < len(toks):
             gap = text[toks[i][1] : toks[i + 1][0]]
-            if _space(gap.removeprefix(".")):
+            if space_of(gap.removeprefix(".")):
                 j = full_name(i + 1)
                 if j < 0 and surname(toks[i + 1][2]):
                     j = i + 1
@@ -705,7 +705,7 @@ def find_person_names(
                     j < 0
                     and toks[i + 1][2][-1] == "."
                     and i + 2 < len(toks)
-                    and _space(text[toks[i + 1][1] : toks[i + 2][0]])
+                    and space_of(text[toks[i + 1][1] : toks[i + 2][0]])
                     and surname(toks[i + 2][2])
                 ):
                     j = i + 2
@@ -727,8 +727,8 @@ _KINDS_SIZE = 1 << 17  # tokens; cleared past this
 
 
 # A name token after 1-2 spaces (no line break; after a '.' for an honorific), as group 1.
-_GAP_TOKEN = re.compile(rf"[^\S\n]{{1,2}}({_NAME_TOKEN.pattern})")
-_DOT_GAP_TOKEN = re.compile(rf"\.?[^\S\n]{{1,2}}({_NAME_TOKEN.pattern})")
+_GAP_TOKEN = re.compile(rf"[^\S\n]{{1,2}}({NAME_TOKEN.pattern})")
+_DOT_GAP_TOKEN = re.compile(rf"\.?[^\S\n]{{1,2}}({NAME_TOKEN.pattern})")
 
 
 def _names_at(
@@ -752,7 +752,8 @@ def _names_at(
             k = kinds[tok] = (
                 0
                 if tok[-1] == "."
-                else (_key(tok) in first) | 2 * all(_key(p) in last for p in tok.split("-"))
+                else (match_key(tok) in first)
+                | 2 * all(match_key(p) in last for p in tok.split("-"))
             )
         return k
 
@@ -783,10 +784,10 @@ def _names_at(
             q = c
             while q and text[q - 1] in _TOKEN_CHARS:
                 q -= 1
-            tok = next((m for m in _NAME_TOKEN.finditer(text, q) if m.end() > c), None)
+            tok = next((m for m in NAME_TOKEN.finditer(text, q) if m.end() > c), None)
             if tok is None or tok.start() != c:
                 continue
-        elif (tok := _NAME_TOKEN.match(text, c)) is None:
+        elif (tok := NAME_TOKEN.match(text, c)) is None:
             continue
         j = None
         if tok[0] in HONORIFICS and (nxt := after(tok.end(), dot=True)) is not None:
@@ -1230,7 +1231,7 @@ def _prefilter(types: tuple[str, ...], names: bool) -> _Prefilter | None:
 
 def _resolve(found: list[PiiMatch]) -> list[PiiMatch]:
     """The overlap rule of :func:`scan_pii` applied to every candidate finding."""
-    found.sort(key=lambda m: (-_PRIORITY.get(m.type, -1), -(m.end - m.start), m.start))
+    found.sort(key=lambda m: (-PRIORITY.get(m.type, -1), -(m.end - m.start), m.start))
     starts: list[int] = []  # kept spans, sorted and disjoint
     kept: list[PiiMatch] = []
     for m in found:

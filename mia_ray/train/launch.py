@@ -244,7 +244,7 @@ def _trial_dirname(trial) -> str:
     return f"{job.get('experiment', 'member')}-{job['member']}_{trial.trial_id}"
 
 
-def _for_nodes(ws, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def jobs_for_nodes(ws, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The jobs as remote trials get them on a run with workspace ``ws``: the training
     snippets pushed to storage and given as ``train_url``, the member's folder as ``out_url``,
     the base model staged (:meth:`Workspace.stage`); no driver path left in them."""
@@ -311,7 +311,7 @@ def train_members(
     ws = store.current()
     local_jobs = jobs
     if ws is not None:
-        jobs = _for_nodes(ws, jobs)
+        jobs = jobs_for_nodes(ws, jobs)
         storage_path = ws.url(storage)
     else:
         storage_path = str(Path(storage).resolve())

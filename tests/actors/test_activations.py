@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mia_ray.actors.activations import ActivationReader, _block_lists, column, parse_column
+from mia_ray.actors.activations import ActivationReader, block_lists, column, parse_column
 from mia_ray.errors import MiaError
 
 pytestmark = pytest.mark.slow
@@ -93,7 +93,7 @@ def test_a_model_without_blocks_is_a_clear_error():
     with pytest.raises(
         MiaError, match=r"cannot find the transformer blocks \(text\) of a NoBlocks"
     ):
-        _block_lists(NoBlocks())
+        block_lists(NoBlocks())
 
 
 def test_an_image_given_as_bytes_reads_as_from_its_file(tmp_path, test_world):

@@ -54,13 +54,13 @@ def test_logprobs_match_a_forward_pass_by_hand(local):
 
 
 def test_a_shared_few_shot_prefix_runs_once_and_changes_no_number(local):
-    from mia_ray.backends.local import SHARED_PREFIX_MIN, _shared_prefix
+    from mia_ray.backends.local import SHARED_PREFIX_MIN, shared_prefix
 
     shots = "".join(f"Text: line {i} of the play\nAnswer: {i % 2}\n\n" for i in range(6))
     queries = ["To be or not to be", "The king", "Exit, pursued by a bear and three more"]
     reqs = [LoglikRequest(f"{shots}Text: {q}\nAnswer:", o) for q in queries for o in (" 1", " 0")]
     encoded = local.encode(reqs)
-    shared = _shared_prefix([e[0] for e in encoded], [e[1] for e in encoded])
+    shared = shared_prefix([e[0] for e in encoded], [e[1] for e in encoded])
     assert shared >= SHARED_PREFIX_MIN  # so loglikelihood takes the cached-prefix path
     assert shared == len(_ids(local, shots + "Text:"))  # the rows part at the query
     got = local.loglikelihood(reqs)
@@ -68,8 +68,8 @@ def test_a_shared_few_shot_prefix_runs_once_and_changes_no_number(local):
         assert res.tokens == [req.continuation]
         np.testing.assert_allclose(res.logprobs, _reference(local, ids, n), rtol=0, atol=1e-4)
     # A row whose context ends where the prefix would: the prefix stops one token short.
-    assert _shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5]], [1, 1]) == 2
-    assert _shared_prefix([[1, 2, 3, 4], [1, 2, 9, 4, 5]], [1, 2]) == 2
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5]], [1, 1]) == 2
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 9, 4, 5]], [1, 2]) == 2
 
 
 def test_greedy_flag(local):

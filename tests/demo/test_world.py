@@ -144,12 +144,12 @@ def test_untrained_target_invents_no_signal(test_world):
 
 @pytest.mark.slow
 def test_training_is_deterministic_from_the_seed(test_world, tmp_path):
-    from mia_ray.demo.world import _train_tiny, read_jsonl_texts
+    from mia_ray.demo.world import read_jsonl_texts, train_tiny
 
     meta = json.loads(Path(test_world["world_json"]).read_text())
     manifest = json.loads(Path(test_world["manifest"]).read_text())
     members = read_jsonl_texts(Path(test_world["documents"]), {d for d, y in manifest.items() if y})
-    again = _train_tiny(
+    again = train_tiny(
         members,
         str(tmp_path / "tiny"),
         "test",
@@ -159,7 +159,7 @@ def test_training_is_deterministic_from_the_seed(test_world, tmp_path):
         name="again",
     )
     assert again["weights_sha256"] == meta["steps"]["tiny"]["weights_sha256"]
-    other = _train_tiny(
+    other = train_tiny(
         members,
         str(tmp_path / "other"),
         "test",

@@ -6,9 +6,9 @@ import pytest
 from mia_ray.detectors.probes import (
     LogisticProbe,
     MLPProbe,
-    _adam_step,
-    _loss_and_grads,
+    adam_step,
     grouped_holdout_splits,
+    loss_and_grads,
     probe_layer,
     summarize_layer,
     validation_split,
@@ -121,16 +121,16 @@ def test_backprop_matches_finite_differences(dropout):
     X, y = rng.standard_normal((5, 3)), np.array([1.0, 0.0, 1.0, 1.0, 0.0])
     # A fixed mask makes the dropout net a deterministic function to differentiate.
     mask = (rng.random((5, 4)) >= 0.5) / 0.5 if dropout else None
-    _, grads = _loss_and_grads(params, X, y, mask)
+    _, grads = loss_and_grads(params, X, y, mask)
     eps = 1e-6
     for name, p in params.items():
         numeric = np.zeros_like(p)
         for i in np.ndindex(p.shape):
             old = p[i]
             p[i] = old + eps
-            up = _loss_and_grads(params, X, y, mask)[0]
+            up = loss_and_grads(params, X, y, mask)[0]
             p[i] = old - eps
-            down = _loss_and_grads(params, X, y, mask)[0]
+            down = loss_and_grads(params, X, y, mask)[0]
             p[i] = old
             numeric[i] = (up - down) / (2 * eps)
         assert np.abs(numeric).max() > 1e-3  # a real gradient, not all zeros
@@ -140,7 +140,7 @@ def test_backprop_matches_finite_differences(dropout):
 def test_bce_is_stable_for_huge_logits():
     params = {"W1": np.eye(1), "b1": np.zeros(1), "W2": np.ones(1), "b2": np.zeros(1)}
     X = np.array([[800.0], [800.0]])
-    loss, grads = _loss_and_grads(params, X, np.array([1.0, 0.0]))
+    loss, grads = loss_and_grads(params, X, np.array([1.0, 0.0]))
     assert loss == pytest.approx(400.0)  # (0 + 800) / 2, no overflow
     assert np.isfinite(grads["W1"]).all()
 
@@ -150,11 +150,11 @@ def test_adam_first_steps_match_the_hand_computed_update():
     g1, g2 = np.array([0.5, -4.0, 1e-3]), np.array([1.0, 2.0, -1.0])
     m = {"w": np.zeros(3)}
     v = {"w": np.zeros(3)}
-    _adam_step(params, {"w": g1}, m, v, t=1, lr=1e-3)
+    adam_step(params, {"w": g1}, m, v, t=1, lr=1e-3)
     # Step 1: bias correction makes m_hat = g, v_hat = g^2, so the step is lr * g / (|g| + eps).
     after1 = np.array([1.0, -2.0, 0.5]) - 1e-3 * g1 / (np.abs(g1) + 1e-8)
     np.testing.assert_allclose(params["w"], after1, rtol=1e-14)
-    _adam_step(params, {"w": g2}, m, v, t=2, lr=1e-3)
+    adam_step(params, {"w": g2}, m, v, t=2, lr=1e-3)
     m2 = 0.9 * 0.1 * g1 + 0.1 * g2
     v2 = 0.999 * 0.001 * g1**2 + 0.001 * g2**2
     after2 = after1 - 1e-3 * (m2 / (1 - 0.9**2)) / (np.sqrt(v2 / (1 - 0.999**2)) + 1e-8)

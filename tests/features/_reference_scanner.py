@@ -19,14 +19,14 @@ import unicodedata
 import numpy as np
 
 from mia_ray.features.pii import (
-    _NAME_TOKEN,
-    _PRIORITY,
     HONORIFICS,
+    NAME_TOKEN,
     PII_TYPES,
+    PRIORITY,
     PiiMatch,
-    _key,
-    _space,
+    match_key,
     name_lists,
+    space_of,
 )
 from mia_ray.features.shingles import ShingleStore, SpanMatch
 
@@ -87,24 +87,24 @@ def find_person_names(text: str) -> list[PiiMatch]:
     first, last = name_lists(1000, None)
 
     def surname(tok: str) -> bool:
-        return tok[-1] != "." and all(_key(p) in last for p in tok.split("-"))
+        return tok[-1] != "." and all(match_key(p) in last for p in tok.split("-"))
 
     def full_name(i: int) -> int:
-        if toks[i][2][-1] == "." or _key(toks[i][2]) not in first:
+        if toks[i][2][-1] == "." or match_key(toks[i][2]) not in first:
             return -1
-        if i + 2 < len(toks) and _space(text[toks[i][1] : toks[i + 1][0]]):
+        if i + 2 < len(toks) and space_of(text[toks[i][1] : toks[i + 1][0]]):
             mid = toks[i + 1][2]
-            if (mid[-1] == "." or _key(mid) in first) and _space(
+            if (mid[-1] == "." or match_key(mid) in first) and space_of(
                 text[toks[i + 1][1] : toks[i + 2][0]]
             ):
                 if surname(toks[i + 2][2]):
                     return i + 2
-        if i + 1 < len(toks) and _space(text[toks[i][1] : toks[i + 1][0]]):
+        if i + 1 < len(toks) and space_of(text[toks[i][1] : toks[i + 1][0]]):
             if surname(toks[i + 1][2]):
                 return i + 1
         return -1
 
-    toks = [(m.start(), m.end(), m.group()) for m in _NAME_TOKEN.finditer(text)]
+    toks = [(m.start(), m.end(), m.group()) for m in NAME_TOKEN.finditer(text)]
     out: list[PiiMatch] = []
     i = 0
     while i < len(toks):
@@ -112,7 +112,7 @@ def find_person_names(text: str) -> list[PiiMatch]:
         j = -1
         if tok in HONORIFICS and i + 1 < len(toks):
             gap = text[toks[i][1] : toks[i + 1][0]]
-            if _space(gap.removeprefix(".")):
+            if space_of(gap.removeprefix(".")):
                 j = full_name(i + 1)
                 if j < 0 and surname(toks[i + 1][2]):
                     j = i + 1
@@ -120,7 +120,7 @@ def find_person_names(text: str) -> list[PiiMatch]:
                     j < 0
                     and toks[i + 1][2][-1] == "."
                     and i + 2 < len(toks)
-                    and _space(text[toks[i + 1][1] : toks[i + 2][0]])
+                    and space_of(text[toks[i + 1][1] : toks[i + 2][0]])
                     and surname(toks[i + 2][2])
                 ):
                     j = i + 2
@@ -141,7 +141,7 @@ def scan_pii(text: str, types=None, names: bool = True) -> list[PiiMatch]:
     found = [m for t in chosen for m in find(t, text, lower)]
     if names:
         found.extend(find_person_names(text))
-    found.sort(key=lambda m: (-_PRIORITY.get(m.type, -1), -(m.end - m.start), m.start))
+    found.sort(key=lambda m: (-PRIORITY.get(m.type, -1), -(m.end - m.start), m.start))
     starts: list[int] = []
     kept: list[PiiMatch] = []
     for m in found:

@@ -4,7 +4,7 @@ import json
 import uuid
 
 from mia_ray.storage import COMPLETE, Workspace, open_storage
-from mia_ray.train.launch import _for_nodes, finished
+from mia_ray.train.launch import finished, jobs_for_nodes
 
 
 def test_trials_get_storage_urls_the_staged_base_and_the_deepspeed_config_itself(tmp_path):
@@ -31,7 +31,7 @@ def test_trials_get_storage_urls_the_staged_base_and_the_deepspeed_config_itself
         }
         for m in ("mcd", "ens-0")
     ]
-    remote = _for_nodes(ws, jobs)
+    remote = jobs_for_nodes(ws, jobs)
     store = open_storage(uri)
     for job, r in zip(jobs, remote, strict=True):
         assert "train_file" not in r and "out_dir" not in r
