@@ -6,10 +6,7 @@ fingerprint) is not launched again, so rerunning the command retrains nothing. W
 ``train_workers > 1`` a trial trains its member with Ray Train's ``TorchTrainer`` (HF Trainer
 prepared for data parallelism; DeepSpeed ZeRO comes from the member's config).
 
-Ctrl-C: Tune's own SIGINT handler ends the run quietly and returns a partial result, so the
-pipeline would carry on (or fail later on the missing members). :func:`train_members` detects
-that and raises ``KeyboardInterrupt`` once Tune has stopped its trials, as the other
-pipelines' interrupts are; finished members keep their ``done.json`` and a rerun resumes.
+The grid itself, Ctrl-C included, is :func:`mia_ray.grid.run_grid`'s, as every grid's.
 """
 
 from __future__ import annotations
@@ -19,11 +16,8 @@ import json
 import math
 import os
 import shutil
-import signal
 import tempfile
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +168,7 @@ def _worker_loop(config: dict[str, Any]) -> None:
 def _trial(config: dict[str, Any]) -> None:
     from ray import tune
 
-    job, threads, workers = config["job"], config["threads"], config["workers"]
+    job, threads, workers = config["cell"], config["threads"], config["workers"]
     if workers > 1 and not finished(job):
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
@@ -206,42 +200,8 @@ def _trial(config: dict[str, Any]) -> None:
     tune.report({"final_loss": record.get("final_loss") or 0.0, "elapsed_s": record["elapsed_s"]})
 
 
-@contextmanager
-def interrupt_guard():
-    """Yield ``interrupted(returned)``: whether Ctrl-C came while ``tuner.fit()`` ran in the
-    block (``returned``: fit() returned rather than raised).
-
-    ``tuner.fit()`` puts its own SIGINT handler in place of the one it finds and, on the first
-    Ctrl-C, stops the trials gracefully, puts the one it found back and returns as if done.
-    So we set ours before ``fit()``: finding it in place once fit() has returned means Tune
-    was interrupted; and ours raises ``KeyboardInterrupt`` on a second Ctrl-C (or the first,
-    with TUNE_DISABLE_SIGINT_HANDLER set), which Tune no longer catches. Off the main thread
-    no handler can be set and Tune's own handling stays."""
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda returned=True: False
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    tune_catches = not int(os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") or 0)
-    hits: list[int] = []
-
-    def handler(signum, frame):
-        hits.append(signum)
-        raise KeyboardInterrupt
-
-    def interrupted(returned: bool = True) -> bool:
-        handed_back = tune_catches and signal.getsignal(signal.SIGINT) is handler
-        return bool(hits) or (returned and handed_back)
-
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield interrupted
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _trial_dirname(trial) -> str:
-    job = trial.config["job"]
-    return f"{job.get('experiment', 'member')}-{job['member']}_{trial.trial_id}"
+def _member_dirname(job: dict[str, Any]) -> str:
+    return f"{job.get('experiment', 'member')}-{job['member']}"
 
 
 def jobs_for_nodes(ws, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -319,71 +279,45 @@ def train_members(
     if len(pending) < len(jobs):
         log(f"fine-tuning: {len(jobs) - len(pending)} of {len(jobs)} members already trained")
     if pending:
-        from ray import tune
+        from mia_ray.grid import run_grid
 
         threads = max(1, math.ceil(cpus))
         opts = ray_options(res_cfg, cpus, gpus)
         custom = opts.get("resources", {})
         # With workers > 1 the trial itself only coordinates (no model, storage reads only):
-        # its Ray Train workers hold the resources, custom ones included.
+        # its Ray Train workers hold the resources, custom ones included; the trial holds a
+        # token of memory (a bundle cannot be empty).
         if workers > 1:
-            trial_res = {"cpu": 0.01, "gpu": 0}
+            trial_res = {"memory": 1}
         else:
             trial_res = {"cpu": opts["num_cpus"], "gpu": opts["num_gpus"], **custom}
         log(
             f"fine-tuning {len(pending)} members as Ray Tune trials "
             f"({cpus:g} CPU, {gpus:g} GPU, {workers} worker(s) each)"
         )
-        tuner = tune.Tuner(
-            tune.with_resources(_trial, trial_res),
-            param_space={
-                "job": tune.grid_search(pending),
-                "threads": threads,
-                "workers": workers,
-                "cpus": cpus,
-                "gpus": gpus,
-                "custom": custom,
-                "storage_path": storage_path if ws is not None else "",
-            },
-            tune_config=tune.TuneConfig(
-                max_concurrent_trials=max_concurrent or None,
-                # Not Tune's default (every parameter, paths and URLs included): the member.
-                trial_dirname_creator=_trial_dirname,
-            ),
-            run_config=tune.RunConfig(
-                name=name,
-                storage_path=storage_path,
-                verbose=0,
-                # A trial whose node died (or that failed) trains again from the start, on
-                # any node: its member is seeded, so the adapter is the same.
-                failure_config=tune.FailureConfig(max_failures=1),
-            ),
-        )
-        with interrupt_guard() as interrupted:
-            try:
-                grid = tuner.fit()
-            except Exception:
-                # A second Ctrl-C inside Ray's C code can surface as another exception.
-                if interrupted(returned=False):
-                    raise KeyboardInterrupt from None
-                raise
-            if interrupted():  # Tune stopped the trials and returned a partial result
-                kept = sum(finished(j) for j in jobs)
-                log(
-                    f"fine-tuning interrupted: {kept} of {len(jobs)} members trained and kept "
-                    "(not Tune's Tuner.restore: rerun the same command to resume)"
-                )
-                raise KeyboardInterrupt
-        errors = [r.error for r in grid if r.error is not None]
-        if errors:
-            from mia_ray.errors import find_mia_error
 
-            err = errors[0]
-            mia = find_mia_error(err)
-            raise MiaError(
-                f"{len(errors)} fine-tuning trial(s) failed; first: "
-                + (str(mia) if mia else str(err).strip().splitlines()[-1][:300])
+        def say_kept():
+            kept = sum(finished(j) for j in jobs)
+            log(
+                f"fine-tuning interrupted: {kept} of {len(jobs)} members trained and kept "
+                "(not Tune's Tuner.restore: rerun the same command to resume)"
             )
+
+        # A trial whose node died (or that failed) trains again from the start, on any
+        # node: its member is seeded, so the adapter is the same.
+        run_grid(
+            _trial,
+            pending,
+            resources=trial_res,
+            name=name,
+            storage_path=storage_path,
+            what="fine-tuning",
+            max_concurrent=max_concurrent,
+            dirname=_member_dirname,
+            params={"threads": threads, "workers": workers, "cpus": cpus, "gpus": gpus,
+                    "custom": custom, "storage_path": storage_path if ws is not None else ""},
+            on_interrupt=say_kept,
+        )  # fmt: skip
     records = [_done_record(j) for j in jobs]
     missing = [
         j["member"] for j, r in zip(jobs, records, strict=True) if not holds(r, j["fingerprint"])

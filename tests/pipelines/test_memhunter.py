@@ -3,6 +3,7 @@ on a model that memorised its members verbatim."""
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -228,6 +229,10 @@ def test_sweep_runs_every_cell_once_and_a_rerun_skips_them(tmp_path, ray_local, 
     assert main(args) == 0
     err = capfd.readouterr().err
     assert "sweep: 4 cells, 0 done, 2 at a time" in err
+    # The cells ran as the trials of one Ray Tune run, in the run's folder.
+    trials = sorted(re.sub(r"_[0-9a-f]+_\d{5}$", "", p.name)
+                    for p in (out / "tune" / "sweep").iterdir() if p.is_dir())  # fmt: skip
+    assert trials == sorted(json.loads((out / "report.json").read_text())["sweep"]["cells"])
     # The cells' own progress reaches the driver, their Ray Data progress bars do not.
     assert "hunter: training on" in err and "Running Dataset" not in err
     report = json.loads((out / "report.json").read_text())
@@ -437,25 +442,25 @@ def test_a_cells_inputs_reach_a_node_that_lacks_the_drivers_disk(tmp_path, monke
     assert local["fields"]["data.path"] == (str(tmp_path / "docs.jsonl"), "")
 
 
-def test_cell_tasks_ask_for_cell_resources_and_retry_after_a_node_death():
+def test_cell_trials_ask_for_cell_resources_and_retry_only_after_a_lost_node():
     from ray import exceptions as rx
 
     from mia_ray.config import load_config
     from mia_ray.errors import MiaError
     from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
-    from mia_ray.pipelines.memhunter.sweep import cell_options
+    from mia_ray.pipelines.memhunter.sweep import retried, trial_resources
 
     sets = ["model.name_or_path=t", "hunter.model=h", "data.path=d",
             "resources.custom_resources={gpu_node: 1}"]  # fmt: skip
     cfg = load_config(MemHunterJobConfig, None, sets)
-    assert cell_options(cfg)["resources"] == {"gpu_node": 1}
+    # No CPU: the trial orchestrates; its cell's actors ask for their own, outside its bundle.
+    assert trial_resources(cfg) == {"memory": 1, "gpu_node": 1}
     cfg = load_config(MemHunterJobConfig, None, [*sets, "sweep.cell_resources={slot: 1}"])
-    opts = cell_options(cfg)
-    assert opts["num_cpus"] == 0 and opts["resources"] == {"gpu_node": 1, "slot": 1}
-    assert opts["max_retries"] >= 1
-    retried = tuple(opts["retry_exceptions"])
-    assert issubclass(rx.ActorDiedError, retried) and issubclass(rx.NodeDiedError, retried)
-    assert not issubclass(MiaError, retried)
+    assert trial_resources(cfg) == {"memory": 1, "gpu_node": 1, "slot": 1}
+    assert retried(rx.ActorDiedError()) and retried(rx.NodeDiedError("n"))
+    assert retried(rx.RayTaskError("f", "tb", rx.WorkerCrashedError()))
+    assert not retried(MiaError("bad input")) and not retried(ValueError("a bug"))
+    assert not retried(rx.RayTaskError("f", "tb", MiaError("bad input")))
     with pytest.raises(MiaError, match="sweep.cell_resources must map resource names"):
         load_config(MemHunterJobConfig, None, [*sets, "sweep.cell_resources={slot: 0}"])
 

@@ -74,7 +74,7 @@ def test_a_member_on_two_workers_trains_data_parallel_with_ray_train(
 def test_a_ctrl_c_that_tune_does_not_catch_raises_and_the_handler_comes_back(monkeypatch):
     import signal
 
-    from mia_ray.train.launch import interrupt_guard
+    from mia_ray.grid import interrupt_guard
 
     monkeypatch.delenv("TUNE_DISABLE_SIGINT_HANDLER", raising=False)
     before = signal.getsignal(signal.SIGINT)

@@ -25,7 +25,7 @@ from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
 from mia_ray.pipelines.memhunter.dataset_test import named_model
 from mia_ray.pipelines.memhunter.keys import SCORING, hunter_key, target_key
 from mia_ray.pipelines.memhunter.single import run_one
-from mia_ray.runtime import describe, ray_options
+from mia_ray.runtime import describe
 
 
 def cell_name(name: str) -> str:
@@ -226,30 +226,58 @@ def cell_task(cfg: MemHunterJobConfig, inputs: dict, url: str, distributed: bool
     return {"report": report, "node": node}
 
 
-def cell_options(cfg: MemHunterJobConfig) -> dict[str, Any]:
-    """Ray options of a cell's task: an orchestrator (no CPU; its work is in actors and
-    tasks), asking for ``resources.custom_resources`` and ``sweep.cell_resources`` (which
-    decide which nodes cells run on and how many share one)."""
+# A cell that raised because a node of its actors or fine-tunes died (and their own restarts
+# and retries ran out) runs again, as one whose own node died does (Tune retries the trial).
+# A cell's own errors (bad input: MiaError; a bug) are not retried.
+RETRIED = ("RayActorError", "WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError",
+           "ObjectLostError")  # fmt: skip
+
+
+def retried(err: BaseException) -> bool:
+    """Whether a cell that failed with ``err`` runs again: a node or worker was lost."""
     from ray import exceptions as rx
 
-    opts = ray_options(cfg.resources, 0)
-    custom = {**opts.get("resources", {}), **cfg.sweep.cell_resources}
-    if custom:
-        opts["resources"] = custom
-    # A cell whose node died runs again on another node (Ray retries system failures), and
-    # so does one that raised because a node of its actors or fine-tunes died (and their own
-    # restarts and retries ran out); it resumes from what it put into storage (the hunter's
-    # finished iterations, extraction, stages), so its numbers equal an unbroken run's. A
-    # cell's own errors (bad input: MiaError) are not retried.
-    opts["max_retries"] = 3
-    opts["retry_exceptions"] = [
-        rx.RayActorError,  # ActorDiedError, ActorUnavailableError
-        rx.WorkerCrashedError,
-        rx.NodeDiedError,
-        rx.LocalRayletDiedError,
-        rx.ObjectLostError,  # OwnerDiedError
-    ]
-    return opts
+    kinds = tuple(getattr(rx, n) for n in RETRIED)  # ActorDiedError, OwnerDiedError within
+    return isinstance(err, kinds) or isinstance(getattr(err, "cause", None), kinds)
+
+
+def trial_resources(cfg: MemHunterJobConfig) -> dict[str, float]:
+    """A cell trial's bundle: an orchestrator (no CPU; its work is in actors and tasks, which
+    run outside the trial's placement group), holding a token of memory,
+    ``resources.custom_resources`` and ``sweep.cell_resources`` (which decide which nodes
+    cells run on and how many share one)."""
+    return {"memory": 1, **(cfg.resources.custom_resources or {}), **cfg.sweep.cell_resources}
+
+
+def cell_trial(config: dict[str, Any], cells: dict[str, tuple]) -> None:
+    """One cell as a Tune trial: it runs :func:`cell_task` as a task on its own node, outside
+    the trial's placement group (else Ray would place the cell's actors, fine-tunes and reads
+    inside the trial's bundle, which holds no CPU), and reports the node it ran on, or the
+    cell's own error (reported, not raised: Tune would retry it)."""
+    import ray
+    from ray import tune
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from mia_ray.errors import find_mia_error
+
+    name = config["cell"]
+    node = ray.get_runtime_context().get_node_id()
+    task = ray.remote(cell_task).options(
+        num_cpus=0,
+        max_retries=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        # Named by its cell: the dashboard and the state API tell which node runs which.
+        name=f"memhunter cell {name}",
+    )
+    try:
+        got = ray.get(task.remote(*cells[name]))
+    except Exception as err:
+        if retried(err):
+            raise
+        mia = find_mia_error(err)
+        tune.report({"node": "", "error": str(mia or err).strip().splitlines()[-1][:500]})
+        return
+    tune.report({"node": got["node"], "error": ""})
 
 
 def cell_slots(cell_resources: dict[str, float]) -> int | None:
@@ -267,17 +295,71 @@ def cell_slots(cell_resources: dict[str, float]) -> int | None:
     return slots
 
 
+def run_cells(cfg, ws, todo: dict[str, tuple], results: dict, parallel: int, out: Path) -> list:
+    """The unfinished cells as Ray Tune trials (:func:`mia_ray.grid.run_grid`, Tune's folder
+    in the run's storage). As each completes, the driver pulls its folder from storage and
+    commits its marker (its key and the node it ran on), so that a cell done is kept even
+    if others fail or Ctrl-C stops the sweep. Returns the cells that failed: (name, error)."""
+    from ray import tune
+
+    from mia_ray.grid import run_grid
+    from mia_ray.reports.io import read_json
+    from mia_ray.stages import commit, recorded
+
+    total = len(todo) + len(results)
+    failed: list[tuple[str, str]] = []
+
+    class Commit(tune.Callback):
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            name, got = trial.config["cell"], trial.last_result
+            if got.get("error"):
+                failed.append((name, got["error"]))
+                log(f"sweep: cell {name} failed: {got['error']}")
+                return
+            _, d, fp = todo[name]
+            ws.pull(d)  # the cell's folder, from storage
+            results[name] = read_json(d / "report.json")
+            rel = storage.inside(d, ws.local)
+            commit(ws.storage, rel, fp, "folder", {"node": got["node"]})  # done, for a rerun
+            ws.pull(rel)
+            recorded(out, f"cells/{name}", fp, "folder", reused=False)
+            log(f"sweep: cell {name.replace('__', ' x ')} done ({len(results)}/{total})")
+
+    cells = {}
+    for name, (c, d, _) in todo.items():
+        d.mkdir(parents=True, exist_ok=True)
+        cells[name] = (c, cell_inputs(c), ws.url(d), ws.distributed)
+    run_grid(
+        tune.with_parameters(cell_trial, cells=cells),
+        list(todo),
+        resources=trial_resources(cfg),
+        name="sweep",
+        storage_path=ws.url(out / "tune"),
+        what="sweep cell",
+        max_concurrent=parallel,
+        dirname=str,
+        max_failures=3,
+        callbacks=[Commit()],
+        on_interrupt=lambda: log(
+            f"sweep interrupted: {len(results)} of {total} cells done and kept "
+            "(rerun the same command to resume; a cell resumes from its finished stages)"
+        ),
+    )
+    return failed
+
+
 def run_sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
-    """Every (dataset, model) cell as a Ray task; the cells' actors and tasks hold the
-    resources, so as many cells run at once as those fit (``sweep.max_concurrent``, and
-    ``sweep.cell_resources``: e.g. one cell per node). A cell may run on any node: its inputs
-    go through storage (:func:`cell_inputs`), it works in ``cells/<name>`` of storage
-    (:func:`cell_task`), and the driver pulls each finished cell into ``out/cells/<name>``:
-    a folder stage whose marker (its key and the node it ran on) marks it done for a rerun."""
+    """Every (dataset, model) cell as a Ray Tune trial (:func:`run_cells`); the cells' actors
+    and tasks hold the resources, so as many cells run at once as those fit
+    (``sweep.max_concurrent``, and ``sweep.cell_resources``: e.g. one cell per node). A cell
+    may run on any node: its inputs go through storage (:func:`cell_inputs`), it works in
+    ``cells/<name>`` of storage (:func:`cell_task`), and the driver pulls each finished cell
+    into ``out/cells/<name>``: a folder stage whose marker (its key and the node it ran on)
+    marks it done for a rerun, which launches only the cells without one."""
     import ray
 
     from mia_ray.reports.io import read_json, write_json
-    from mia_ray.stages import commit, done, recorded
+    from mia_ray.stages import done, recorded
 
     cells = sweep_cells(cfg, out)
     res = cfg.resources
@@ -291,43 +373,27 @@ def run_sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
     if slots is not None:
         fit = min(fit, slots)
     parallel = cfg.sweep.max_concurrent or max(1, fit)
-    task, opts = ray.remote(cell_task), cell_options(cfg)
     ws = storage.workspace_of(out)
-    results: dict[tuple[str, str], dict] = {}
-    pending: dict[Any, tuple[str, str]] = {}
-    todo = []
+    results: dict[str, dict] = {}
+    todo: dict[str, tuple] = {}
     for ds, m, c in cells:
         d = out / "cells" / f"{cell_name(ds)}__{cell_name(m)}"
         fp = cell_key(c)
         if done(ws.storage, storage.inside(d, ws.local), fp) is not None:
             ws.pull(d)
             recorded(out, f"cells/{d.name}", fp, "folder", reused=True)
-            results[(ds, m)] = read_json(d / "report.json")
+            results[d.name] = read_json(d / "report.json")
             continue
-        todo.append((ds, m, c, d, fp))
+        todo[d.name] = (c, d, fp)
     log(f"sweep: {len(cells)} cells, {len(results)} done, {parallel} at a time")
-    while todo or pending:
-        while todo and len(pending) < parallel:
-            ds, m, c, d, fp = todo.pop(0)
-            d.mkdir(parents=True, exist_ok=True)
-            # Named by its cell: the dashboard and the state API tell which node runs which.
-            ref = task.options(**opts, name=f"memhunter cell {d.name}").remote(
-                c, cell_inputs(c), ws.url(d), ws.distributed
-            )
-            pending[ref] = (ds, m, d, fp)
-        (ref,), _ = ray.wait(list(pending), num_returns=1)
-        ds, m, d, fp = pending.pop(ref)
-        got = ray.get(ref)
-        ws.pull(d)  # the cell's folder, from storage
-        results[(ds, m)] = got["report"]
-        rel = storage.inside(d, ws.local)
-        commit(ws.storage, rel, fp, "folder", {"node": got["node"]})  # done, for a rerun too
-        ws.pull(rel)
-        recorded(out, f"cells/{d.name}", fp, "folder", reused=False)
-        log(f"sweep: cell {cell_name(ds)} x {cell_name(m)} done ({len(results)}/{len(cells)})")
+    if todo:
+        failed = run_cells(cfg, ws, todo, results, parallel, out)
+        if failed:
+            name, msg = failed[0]
+            raise MiaError(f"sweep: {len(failed)} cell(s) failed; first, {name}: {msg}")
     rows, verdicts, power = [], [], []
     for ds, m, _ in cells:
-        r = results[(ds, m)]
+        r = results[f"{cell_name(ds)}__{cell_name(m)}"]
         for e in r["extraction"]:
             rows.append({"dataset": ds, "model": m, **e})
         for h in r["hypothesis"]:
