@@ -327,7 +327,7 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
     cfg.scan.shards_per_pass = len(cfg.crawl.shards)  # one pass: the actors start once
     cfg.eval.targets = []  # the scan only
     cfg.validate()
-    leak_inputs.check_paths(cfg)
+    shards = leak_inputs.check_paths(cfg)
     work = Path(tempfile.mkdtemp(prefix="leakage-crawl-work-"))
     t0 = time.perf_counter()
     stores = leak_scan.build_stores(cfg, work)
@@ -339,7 +339,7 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
     print(f"in-process: {inproc['steady_mbs']:.1f} MB/s steady", flush=True)
     gauge = _host_gauge(cfg, stores)
     print(f"host gauge: reference scanner {gauge['reference_mbs']:.2f} MB/s", flush=True)
-    todo = [(Path(p).name, p) for p in cfg.crawl.shards]
+    todo = shards
     for workers in (1, 2):
         c = copy.deepcopy(cfg)
         c.scan.workers = workers
@@ -517,6 +517,7 @@ def main() -> None:
     configure_data_context(no_progress_timeout_s=1800, progress=False)
     cfg = load_config(LeakageJobConfig, "jobs/leakage_demo.yaml", [f"world.scale={args.scale}"])
     cfg = leak_inputs.resolve_inputs(cfg)
+    shards = leak_inputs.check_paths(cfg)
     work = Path(tempfile.mkdtemp(prefix="leakage-bench-"))
     t0 = time.perf_counter()
     stores = leak_scan.build_stores(cfg, work)
@@ -527,7 +528,7 @@ def main() -> None:
         c.scan.workers = workers
         out = work / f"w{workers}"
         t0 = time.perf_counter()
-        docs = leak_scan.scan_shards(c, stores, out)
+        docs = leak_scan.scan_shards(c, stores, out, shards)
         secs = time.perf_counter() - t0
         found = leak_rates.findings_of(docs)
         runs.append(

@@ -69,8 +69,10 @@ class DataConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        if self.format not in ("auto", "text", "jsonl", "parquet"):
-            raise MiaError(f"data.format must be auto, text, jsonl or parquet, not {self.format!r}")
+        from mia_ray.data.sources import FORMATS
+
+        if self.format not in FORMATS:
+            raise MiaError(f"data.format must be one of {', '.join(FORMATS)}, not {self.format!r}")
         if self.unlabelled not in ("error", "skip"):
             raise MiaError(f"data.unlabelled must be error or skip, not {self.unlabelled!r}")
         if self.snippet_unit not in ("words", "tokens"):

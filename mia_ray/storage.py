@@ -229,6 +229,14 @@ def _filesystem(authority: str):
     return fs.FileSystem.from_uri(authority + "/" if authority.endswith("://") else authority)[0]
 
 
+def filesystem_of(uri: str):
+    """``(filesystem, path in it)`` of a URI: the process's one filesystem of its authority."""
+    from pyarrow import fs
+
+    _, path = fs.FileSystem.from_uri(uri)
+    return _filesystem(_authority(uri)), path
+
+
 @lru_cache(maxsize=32)
 def open_storage(uri: str) -> Storage:
     """The :class:`Storage` of ``uri`` (one per process and URI)."""

@@ -29,12 +29,10 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
+from mia_ray.data.sources import Source, read_placement, resolve_source
 from mia_ray.errors import MiaError, find_mia_error
-from mia_ray.keys import visible_files
 
 ERROR_COL = "_error"
-FORMATS = ("auto", "text", "jsonl", "parquet")
-_SUFFIX_FORMAT = {".jsonl": "jsonl", ".parquet": "parquet", ".txt": "text"}
 _ROWS_PER_BLOCK = 4096
 _READ_CHUNK = 8 << 20
 DEFAULT_ID_FIELD = "id"  # may be absent (ids are then hashes); any other name must be there
@@ -59,7 +57,7 @@ class _Fields:
 
 
 def read_documents(
-    path: str | os.PathLike,
+    path: str | os.PathLike | Source,
     format: str = "auto",
     text_field: str = "text",
     id_field: str = "id",
@@ -93,18 +91,15 @@ def read_documents(
     """
     import ray
 
-    root = Path(path).expanduser()
-    if not root.exists():
-        raise MiaError(f"data path not found: {path}")
-    root = root.resolve()
-    fmt, base, files = resolve_inputs(root, format)
-    rels = [rel for rel, _ in files]
-    paths = [str(base / rel) for rel in rels]
-    from mia_ray.storage import node_affinity
+    from mia_ray.log import log
 
-    # The files are on the driver's disk: on a cluster whose nodes lack them the read tasks
-    # run on the driver's node, and the rows reach every node through the object store.
-    pinned = {"ray_remote_args": node_affinity()} if node_affinity() else {}
+    source = path if isinstance(path, Source) else resolve_source(path, format)
+    path = source.path
+    fmt, base, files, paths = source.fmt, source.base, source.files, source.paths
+    # Object storage and shared folders: read tasks on every node. Files on the driver's
+    # disk alone: read tasks on the driver's node; the rows reach every node through the
+    # object store.
+    pinned = read_placement(source, log)
     if fmt == "text":
         if group_field not in ("", "folder"):
             raise MiaError(
@@ -114,18 +109,28 @@ def read_documents(
         empty = [rel for rel, size in files if size == 0]
         if empty:
             raise MiaError(f"document {empty[0]} is empty" + _more(len(empty), "empty documents"))
-        ds = ray.data.read_binary_files(paths, include_paths=True, **pinned)
+        ds = ray.data.read_binary_files(
+            paths, include_paths=True, filesystem=source.filesystem, **pinned
+        )
         ds = ds.map_batches(
             _decode_text_files,
-            fn_kwargs={"base": str(base), "group": bool(group_field)},
+            fn_kwargs={"base": base, "group": bool(group_field)},
             batch_format="numpy",
         )
         return _validated(ds, str(path), no_id=False)
+    if fmt == "warc":
+        fields = _warc_fields(text_field, id_field, label_field, date_field, group_field)
+        warc = _warc_datasource_class()(
+            paths, base=base, fields=fields, filesystem=source.filesystem
+        )
+        ds = ray.data.read_datasource(warc, **pinned)
+        return _validated(ds, str(path), no_id=False)
     names = (text_field, id_field, label_field, date_field, group_field)
+    rels = source.rels
     if fmt == "jsonl":
-        fields = _jsonl_fields(base, rels, *names)
+        fields = _jsonl_fields(source, *names)
     else:
-        fields = _parquet_fields(base, rels, *names)
+        fields = _parquet_fields(source, *names)
     first = f"the first record of {rels[0]}" if fmt == "jsonl" else f"the columns of {rels[0]}"
     if group_field and not fields.has_group:
         raise MiaError(f"group field {group_field!r} (data.group_field) is not in {first}")
@@ -142,8 +147,10 @@ def read_documents(
                 "the text (text-...); set data.id_field to the field that holds the ids"
             )
     if fmt == "jsonl":
-        source = _jsonl_datasource_class()(paths, base=str(base), fields=fields)
-        ds = ray.data.read_datasource(source, **pinned)
+        jsonl = _jsonl_datasource_class()(
+            paths, base=base, fields=fields, filesystem=source.filesystem
+        )
+        ds = ray.data.read_datasource(jsonl, **pinned)
     else:
         optional = [
             (fields.id, fields.has_id),
@@ -156,14 +163,16 @@ def read_documents(
         if pinned:
             # Ray Data's read_parquet reads the files' footers in actors of its own, which
             # ray_remote_args does not place: read them in the pinned read tasks instead.
-            source = _parquet_datasource_class()(paths, columns=columns)
-            ds = ray.data.read_datasource(source, **pinned)
+            pq_source = _parquet_datasource_class()(
+                paths, columns=columns, filesystem=source.filesystem
+            )
+            ds = ray.data.read_datasource(pq_source, **pinned)
         else:
-            ds = ray.data.read_parquet(paths, include_paths=True)
+            ds = ray.data.read_parquet(paths, include_paths=True, filesystem=source.filesystem)
             ds = ds.select_columns([*columns, "path"])
         ds = ds.map_batches(
             _normalize_parquet,
-            fn_kwargs={"base": str(base), "fields": fields},
+            fn_kwargs={"base": base, "fields": fields},
             batch_format="pyarrow",
         )
     return _validated(ds, str(path), no_id=not fields.has_id)
@@ -249,73 +258,16 @@ def attach_labels(
 # ---------------------------------------------------------------- driver-side checks
 
 
-def resolve_inputs(root: Path, format: str) -> tuple[str, Path, list[tuple[str, int]]]:
-    """Return ``(format, base directory, [(path relative to base, posix; size in bytes)])``."""
-    if format not in FORMATS:
-        raise MiaError(f"data format must be auto, text, jsonl or parquet, not {format!r}")
-    if root.is_file():
-        fmt = format
-        if fmt == "auto":
-            fmt = _SUFFIX_FORMAT.get(root.suffix.lower(), "")
-            if not fmt:
-                raise MiaError(
-                    f"cannot tell the format of {root} from its suffix: give a directory of text "
-                    "files, a .txt, .jsonl or .parquet file, or set data.format"
-                )
-        return fmt, root.parent, [(root.name, root.stat().st_size)]
-    files = _list_files(root)
-    if not files:
-        raise MiaError(f"data directory {root} has no files (hidden files are skipped)")
-    if format == "text":
-        return "text", root, files
-    if format in ("jsonl", "parquet"):
-        chosen = _with_suffix(files, "." + format)
-        if not chosen:
-            raise MiaError(f"data directory {root} has no .{format} files")
-        return format, root, chosen
-    for fmt in ("jsonl", "parquet"):
-        chosen = _with_suffix(files, "." + fmt)
-        if not chosen:
-            continue
-        others = [
-            rel for rel, _ in files if not _is_data_file(rel, "." + fmt) and not _is_marker(rel)
-        ]
-        if others:
-            raise MiaError(
-                f"data directory {root} mixes .{fmt} files with other files ({others[0]}): "
-                "set data.format to say how to read it"
-            )
-        return fmt, root, chosen
-    return "text", root, files
-
-
-def _list_files(root: Path) -> list[tuple[str, int]]:
-    return [(rel, full.stat().st_size) for rel, full in visible_files(root)]
-
-
-def _is_marker(rel: str) -> bool:
-    # Writers leave markers such as _SUCCESS or _metadata next to Parquet/JSONL shards.
-    return Path(rel).name.startswith("_")
-
-
-def _is_data_file(rel: str, suffix: str) -> bool:
-    return rel.lower().endswith(suffix) and not _is_marker(rel)
-
-
-def _with_suffix(files: list[tuple[str, int]], suffix: str) -> list[tuple[str, int]]:
-    return [(rel, size) for rel, size in files if _is_data_file(rel, suffix)]
-
-
 def _jsonl_fields(
-    base: Path, rels: list[str], text: str, id_: str, label: str, date_: str, group: str = ""
+    source: Source, text: str, id_: str, label: str, date_: str, group: str = ""
 ) -> _Fields:
     """Check the first record of every file; optional fields count when the first record has them."""
     first_keys: list[str] | None = None
-    for rel in rels:
-        with open(base / rel, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
+    for rel in source.rels:
+        with source.open(rel) as f:
+            for lineno, raw in _iter_lines(f):
                 if raw.strip():
-                    rec = _parse_json_line(raw.rstrip(b"\r\n"), lineno, rel)
+                    rec = _parse_json_line(raw.rstrip(b"\r"), lineno, rel)
                     if isinstance(rec, str):
                         raise MiaError(rec)
                     if text not in rec:
@@ -324,9 +276,8 @@ def _jsonl_fields(
                         first_keys = list(rec)
                     break
     if first_keys is None:
-        raise MiaError(
-            f"no documents in {base / rels[0] if len(rels) == 1 else base}: the .jsonl files are empty"
-        )
+        where = source.path if len(source.rels) > 1 else f"{source.base}/{source.rels[0]}"
+        raise MiaError(f"no documents in {where}: the .jsonl files are empty")
     has = [f in first_keys for f in (id_, label, date_)]
     return _Fields(
         text, id_, label, date_, *has, group, has_group=bool(group) and group in first_keys
@@ -334,14 +285,14 @@ def _jsonl_fields(
 
 
 def _parquet_fields(
-    base: Path, rels: list[str], text: str, id_: str, label: str, date_: str, group: str = ""
+    source: Source, text: str, id_: str, label: str, date_: str, group: str = ""
 ) -> _Fields:
     import pyarrow.parquet as pq
 
-    schemas = []
-    for rel in rels:
+    rels, schemas = source.rels, []
+    for rel, full in zip(rels, source.paths, strict=True):
         try:
-            schemas.append(pq.read_schema(base / rel).names)
+            schemas.append(pq.read_schema(full, filesystem=source.filesystem).names)
         except Exception as e:  # pyarrow raises ArrowInvalid or OSError for a bad footer
             raise MiaError(f"{rel} is not a readable Parquet file: {_first_line(e)}") from None
     first = schemas[0]
@@ -592,8 +543,8 @@ def _jsonl_datasource_class():
         from ray.data.datasource import FileBasedDatasource
 
         class JsonlDatasource(FileBasedDatasource):
-            def __init__(self, paths, *, base: str, fields: _Fields):
-                super().__init__(paths)
+            def __init__(self, paths, *, base: str, fields: _Fields, filesystem=None):
+                super().__init__(paths, filesystem=filesystem)
                 self._base, self._fields = base, fields
 
             def _read_stream(self, f, path: str):
@@ -621,6 +572,97 @@ def _jsonl_datasource_class():
     return _JSONL_CLASS
 
 
+WARC_FIELDS = {"id": "WARC-Record-ID", "url": "WARC-Target-URI"}
+
+
+def _warc_fields(text: str, id_: str, label: str, date_: str, group: str) -> _Fields:
+    """A WARC record's fields: its text is the record's content, ``id`` its WARC-Record-ID
+    (or ``url``: its WARC-Target-URI), ``date`` its WARC-Date; ``group_field="host"`` groups
+    the pages of one site. There are no labels."""
+    if id_ not in WARC_FIELDS:
+        raise MiaError(
+            f'data.id_field {id_!r}: a WARC record\'s id is its WARC-Record-ID ("id") or its '
+            'WARC-Target-URI ("url")'
+        )
+    if group not in ("", "host"):
+        raise MiaError(
+            f'data.group_field {group!r}: WARC records can be grouped by "host" (one site) only'
+        )
+    return _Fields(text, WARC_FIELDS[id_], label, date_, True, False, True, group, bool(group))
+
+
+class _Counted:
+    """A pyarrow stream as fastwarc reads one: ``read`` and a ``tell`` of its own (pyarrow's
+    decompressing streams have none)."""
+
+    def __init__(self, f):
+        self.f, self.pos = f, 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n) if n is not None and n >= 0 else self.f.read()
+        self.pos += len(data)
+        return data
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readable(self) -> bool:
+        return True
+
+
+def warc_records(f, name: str, fields: _Fields):
+    """The ``conversion`` records of one WARC/WET stream as :class:`_Rows` tables. Content is
+    UTF-8 (bad bytes replaced: web text is not clean); records without text are skipped, as
+    a WET file has many (pages without text)."""
+    from urllib.parse import urlsplit
+
+    from fastwarc import ArchiveIterator, WarcRecordType
+
+    rows = _Rows(False, True, fields.has_group)
+    records = ArchiveIterator(_Counted(f), record_types=WarcRecordType.conversion, parse_http=False)
+    for n, record in enumerate(records, 1):
+        text = record.reader.read().decode("utf-8", errors="replace")
+        if not text.strip():
+            continue
+        doc_id = record.headers.get(fields.id) or ""
+        if not doc_id:
+            rows.fail(f"record {n} of {name} has no {fields.id} header")
+            continue
+        if "\x00" in text:
+            rows.fail(f"document {doc_id} of {name} looks binary (it contains NUL characters)")
+            continue
+        url = record.headers.get("WARC-Target-URI") or ""
+        group = (urlsplit(url).hostname or url) if fields.has_group else None
+        rows.add(doc_id.strip("<>"), text, None, record.headers.get("WARC-Date"), group)
+        if len(rows) >= _ROWS_PER_BLOCK:
+            yield rows.table()
+            rows = _Rows(False, True, fields.has_group)
+    if len(rows):
+        yield rows.table()
+
+
+_WARC_CLASS = None
+
+
+def _warc_datasource_class():
+    """WARC/WET files, each streamed (decompressed as its suffix says) through fastwarc."""
+    global _WARC_CLASS
+    if _WARC_CLASS is None:
+        from ray.data.datasource import FileBasedDatasource
+
+        class WarcDatasource(FileBasedDatasource):
+            def __init__(self, paths, *, base: str, fields: _Fields, filesystem=None):
+                super().__init__(paths, filesystem=filesystem)
+                self._base, self._fields = base, fields
+
+            def _read_stream(self, f, path: str):
+                name = Path(os.path.relpath(path, self._base)).as_posix()
+                yield from warc_records(f, name, self._fields)
+
+        _WARC_CLASS = WarcDatasource
+    return _WARC_CLASS
+
+
 _PARQUET_CLASS = None
 
 
@@ -632,8 +674,8 @@ def _parquet_datasource_class():
         from ray.data.datasource import FileBasedDatasource
 
         class ParquetFilesDatasource(FileBasedDatasource):
-            def __init__(self, paths, *, columns: list[str]):
-                super().__init__(paths)
+            def __init__(self, paths, *, columns: list[str], filesystem=None):
+                super().__init__(paths, filesystem=filesystem)
                 self._columns = columns
 
             def _read_stream(self, f, path: str):

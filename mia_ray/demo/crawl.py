@@ -414,3 +414,45 @@ def write_crawl(crawl: dict[str, Any], out: Path) -> dict[str, Any]:
     }
     (out / "crawl.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
+
+
+def wet_url(page_id: str) -> str:
+    """The demo URL of a page: one of eight demo sites, chosen by the page's id."""
+    site = int(hashlib.sha256(page_id.encode()).hexdigest(), 16) % 8
+    return f"https://site-{site}.demo.example/{page_id}"
+
+
+def wet_record_id(page_id: str) -> str:
+    import uuid
+
+    return f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, wet_url(page_id))}"
+
+
+def write_wet(pages: list[dict[str, Any]], path: Path, date: str = "2026-01-01T00:00:00Z") -> None:
+    """Pages (``id``, ``text``) as a Common Crawl WET file (``.warc.wet.gz``): a ``warcinfo``
+    record, then one ``conversion`` record per page (its ``WARC-Target-URI`` from
+    :func:`wet_url`, its ``WARC-Record-ID`` from :func:`wet_record_id`), each record its own
+    gzip member as Common Crawl writes them; a page whose text is empty stays, as WET files
+    have such records."""
+    import gzip
+
+    def record(kind: str, headers: dict[str, str], body: bytes) -> bytes:
+        head = ["WARC/1.0", f"WARC-Type: {kind}", f"WARC-Date: {date}",
+                *(f"{k}: {v}" for k, v in headers.items()),
+                f"Content-Length: {len(body)}"]  # fmt: skip
+        return gzip.compress(("\r\n".join(head) + "\r\n\r\n").encode() + body + b"\r\n\r\n")
+
+    info = b"software: mia-ray demo world\r\nformat: WARC file version 1.0\r\n"
+    with path.open("wb") as f:
+        f.write(record("warcinfo", {"WARC-Record-ID": f"<urn:uuid:{'0' * 8}-0000-0000-0000-{'0' * 12}>",
+                                    "Content-Type": "application/warc-fields"}, info))  # fmt: skip
+        for p in pages:
+            f.write(
+                record(
+                    "conversion",
+                    {"WARC-Target-URI": wet_url(p["id"]),
+                     "WARC-Record-ID": f"<{wet_record_id(p['id'])}>",
+                     "Content-Type": "text/plain"},
+                    p["text"].encode("utf-8"),
+                )
+            )  # fmt: skip

@@ -150,7 +150,9 @@ def render_leakage_report(report: Mapping[str, Any], out_path: Path) -> Path:
             )
             + table_html(
                 [
-                    [
+                    [LABELS[c], r["why"], *[""] * (len(RATE_COLUMNS) - 2)]
+                    if r.get("scanned") is False
+                    else [
                         LABELS[c],
                         fmt_pct(r["rate"]),
                         fmt_pct_ci(r["ci"]),
@@ -168,7 +170,10 @@ def render_leakage_report(report: Mapping[str, Any], out_path: Path) -> Path:
                 ],  # fmt: skip
                 RATE_COLUMNS,
             )
-            + img_html(rates_figure(lr), "leakage rate per category"),
+            + img_html(
+                rates_figure({c: r for c, r in lr.items() if r.get("scanned") is not False}),
+                "leakage rate per category",
+            ),
         )
     )
     types = report.get("pii_types", {})
@@ -209,15 +214,16 @@ def render_leakage_report(report: Mapping[str, Any], out_path: Path) -> Path:
             body += table_html(wrong, ["shard", "doc_id", "type", "value"])
         sections.append(("Against the planted truth", body))
     sections += _model_sections(report)
+    shown = [c for c in LABELS if lr.get(c, {}).get("scanned") is not False]
     sections.append(
         (
             "Per shard",
             table_html(
                 [
-                    [s, r["documents"], r["bytes"], *(fmt_pct(r[c]["rate"]) for c in LABELS)]
+                    [s, r["documents"], r["bytes"], *(fmt_pct(r[c]["rate"]) for c in shown)]
                     for s, r in report.get("shards", {}).items()
                 ],
-                ["shard", "documents", "bytes", *LABELS.values()],
+                ["shard", "documents", "bytes", *(LABELS[c] for c in shown)],
             ),  # fmt: skip
         )
     )

@@ -50,12 +50,12 @@ def test_driver_side_errors(tmp_path):
     with pytest.raises(MiaError, match=r"^data format must be"):
         read_documents(tmp_path / "docs", format="csv")
     with pytest.raises(MiaError, match=r"cannot tell the format"):
-        read_documents(write(tmp_path / "x.json", "{}"))
+        read_documents(write(tmp_path / "x.csv", "a,b"))
     write_jsonl(tmp_path / "mixed" / "a.jsonl", [{"text": "t"}])
     write(tmp_path / "mixed" / "notes.md", "n")
-    with pytest.raises(MiaError, match=r"mixes .jsonl files with other files \(notes.md\)"):
+    with pytest.raises(MiaError, match=r"mixes jsonl files with other files \(notes.md\)"):
         read_documents(tmp_path / "mixed")
-    with pytest.raises(MiaError, match=r"has no .parquet files"):
+    with pytest.raises(MiaError, match=r"has no parquet files"):
         read_documents(tmp_path / "mixed", format="parquet")
 
 

@@ -210,12 +210,53 @@ def test_a_rerun_that_reads_the_shards_otherwise_scans_them_again(ray_local, tmp
         return pd.read_parquet(out / "matches.parquet")
 
     assert list(scan()[["doc_id", "type"]].itertuples(index=False)) == [("a", "email")]
+    # No copyright or benchmark store: those categories were not scanned, which is not a
+    # rate of 0 % (of any interval).
+    report = json.loads((out / "report.json").read_text())
+    assert report["leakage_rate"]["benchmark"] == {
+        "scanned": False, "why": "not scanned: scan.benchmark is empty"
+    }  # fmt: skip
+    assert report["leakage_rate"]["copyright"]["scanned"] is False
+    assert report["leakage_rate"]["pii"]["documents"] == 1
+    assert set(report["shards"]["shard.jsonl"]) == {"documents", "bytes", "pii"}
+    html = (out / "report.html").read_text()
+    assert "not scanned: scan.copyright is empty" in html
     # Another text field: rows of the earlier scan, keyed on the shard alone, would be
     # findings in a text this run does not read.
     capfd.readouterr()
     found = scan("--set", "crawl.text_field=body")
     assert "reusing the earlier scan" not in capfd.readouterr().err
     assert list(found[["doc_id", "type"]].itertuples(index=False)) == [("b", "phone_intl")]
+
+
+def test_a_crawl_of_compressed_and_wet_shards_named_by_a_glob(ray_local, tmp_path):
+    """crawl.shards as corpora ship: a glob over a .jsonl.zst shard and a WET file, one shard
+    per file; the WET pages are named by their WARC-Record-ID."""
+    import gzip
+
+    from mia_ray.demo.crawl import wet_record_id, write_wet
+
+    crawl = tmp_path / "crawl"
+    crawl.mkdir()
+    rows = [{"id": "a", "text": "Write to mary.johnson@example.com today."},
+            {"id": "b", "text": "Nothing here."}]  # fmt: skip
+    (crawl / "part-0.jsonl.gz").write_bytes(
+        gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode())
+    )
+    write_wet([{"id": "w1", "text": "Or call +44 20 7946 0958 now."}, {"id": "w2", "text": ""}],
+              crawl / "CC-0.warc.wet.gz")  # fmt: skip
+    out = tmp_path / "out"
+    args = ["leakage", "--set", f"crawl.shards=[{crawl}/*.gz]", "--set", "scan.workers=1",
+            "--set", "scan.names=false", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    found = pd.read_parquet(out / "matches.parquet").sort_values("shard")
+    assert list(found[["shard", "doc_id", "type"]].itertuples(index=False)) == [
+        ("CC-0.warc.wet.gz", wet_record_id("w1"), "phone_intl"),
+        ("part-0.jsonl.gz", "a", "email"),
+    ]
+    report = json.loads((out / "report.json").read_text())
+    assert report["crawl"]["documents"] == 3
+    assert sorted(report["shards"]) == ["CC-0.warc.wet.gz", "part-0.jsonl.gz"]
 
 
 def test_model_side_report_keys_cover_every_category_and_method(run):
@@ -313,7 +354,8 @@ def test_bad_input_is_one_clear_error(tmp_path, capsys, ray_local):
         ]
     )
     assert code == 2
-    assert f"crawl.shards: {tmp_path / 'missing.jsonl'} not found" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"crawl.shards: data path not found: {tmp_path / 'missing.jsonl'}" in err
     assert main(["leakage", "--out", str(tmp_path / "o")]) == 2
     assert "crawl.shards is empty" in capsys.readouterr().err
     assert main(["leakage", "--set", "crawl.demo=true", "--set", "scan.pii_types=[emial]",
@@ -471,10 +513,15 @@ def test_scanners_on_other_nodes_read_the_stores_from_storage(tmp_path):
     assert json.loads(got["findings"][0])[0]["ref"] == "book-1"
 
 
-def test_a_parquet_shard_read_on_the_drivers_node_gives_the_same_documents(ray_local, tmp_path):
-    """On a distributed run the shards are read by tasks pinned to the driver's node (Ray
-    Data's own read_parquet reads footers in actors it places anywhere): the same rows."""
+def test_a_parquet_shard_read_on_the_drivers_node_gives_the_same_documents(
+    ray_local, tmp_path, monkeypatch, capfd
+):
+    """On a distributed run a shard that only the driver's disk has is read by tasks pinned
+    to the driver's node (Ray Data's own read_parquet reads footers in actors it places
+    anywhere): the same rows. One node sees its own disk, so the probe of the other nodes
+    is told here that one of them does not (the cluster tier has real private disks)."""
     from mia_ray import storage
+    from mia_ray.data import sources
     from mia_ray.data.readers import read_documents
 
     shard = tmp_path / "shard.parquet"
@@ -492,9 +539,13 @@ def test_a_parquet_shard_read_on_the_drivers_node_gives_the_same_documents(ray_l
     storage.set_current(storage.Workspace(tmp_path / "run", distributed=True, driver_node=node))
     try:
         assert storage.node_affinity()
+        assert read_documents(shard).count() == 30  # every node sees it: read anywhere
+        assert "driver's disk alone" not in capfd.readouterr().err
+        monkeypatch.setattr(sources, "seen_by_every_node", lambda paths, size: False)
         pinned = read()
     finally:
         storage.set_current(None)
+    assert f"{shard} is on the driver's disk alone: its read tasks run" in capfd.readouterr().err
     pd.testing.assert_frame_equal(pinned, plain)
     assert len(plain) == 30 and set(plain.columns) >= {"doc_id", "text", "date"}
 

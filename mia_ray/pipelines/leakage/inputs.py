@@ -35,22 +35,27 @@ def resolve_inputs(cfg: LeakageJobConfig) -> LeakageJobConfig:
     return cfg
 
 
-def check_paths(cfg: LeakageJobConfig) -> None:
+def check_paths(cfg: LeakageJobConfig) -> list:
+    """Every input listed (a local path, a shared folder, object storage, globs); returns the
+    crawl's shards as :func:`shard_sources` gives them."""
+    from mia_ray.data.sources import resolve_source, shard_sources
+
     for what, paths in (
-        ("crawl.shards", cfg.crawl.shards),
         ("scan.copyright", cfg.scan.copyright),
         ("scan.benchmark", cfg.scan.benchmark),
     ):
         for p in paths:
-            if not Path(p).expanduser().exists():
-                raise MiaError(f"{what}: {p} not found")
+            try:
+                resolve_source(p)
+            except MiaError as e:
+                raise MiaError(f"{what}: {e}") from None
     if cfg.crawl.truth and not Path(cfg.crawl.truth).is_file():
         raise MiaError(f"crawl.truth: {cfg.crawl.truth} not found")
-    names = [Path(p).name for p in cfg.crawl.shards]
-    if len(set(names)) != len(names):
-        raise MiaError(
-            "crawl.shards: two shards have the same file name; findings name shards by it"
-        )
+    try:
+        return shard_sources(cfg.crawl.shards)
+    except MiaError as e:
+        msg = str(e)
+        raise MiaError(msg if msg.startswith("crawl.shards") else f"crawl.shards: {msg}") from None
 
 
 def check_pool_fits(cfg: LeakageJobConfig) -> None:

@@ -49,17 +49,22 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
 
     t0 = time.monotonic()
     cfg = resolve_inputs(cfg)
-    check_paths(cfg)
+    shards = check_paths(cfg)
     check_pool_fits(cfg)
     stores = build_stores(cfg, out)
-    docs = scan_shards(cfg, stores, out)
+    docs = scan_shards(cfg, stores, out, shards)
     found = findings_of(docs)
     found.to_parquet(out / "matches.parquet", index=False)
     spans = {"copyright": cfg.scan.copyright_span, "benchmark": cfg.scan.benchmark_span}
     rates = leak_rates(docs, found, cfg.scan.ci, spans)
     truth = score_against_truth(found, cfg.crawl.truth) if cfg.crawl.truth else None
-    leakage_rate = {}
+    leakage_rate: dict = {}
     for c in CATEGORIES:
+        if c != "pii" and c not in stores:  # no store: nothing to match, not a rate of 0
+            leakage_rate[c] = {"scanned": False, "why": f"not scanned: scan.{c} is empty"}
+            for shard in rates["shards"].values():
+                shard.pop(c)
+            continue
         row = dict(rates[c])
         if truth:
             row.update({k: truth[c][k] for k in ("planted", "found", "precision", "recall")})

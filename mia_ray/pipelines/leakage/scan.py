@@ -175,7 +175,9 @@ def scan_pass(
     return got
 
 
-def scan_shards(cfg: LeakageJobConfig, stores: dict[str, str], out: Path) -> pd.DataFrame:
+def scan_shards(
+    cfg: LeakageJobConfig, stores: dict[str, str], out: Path, shards: list
+) -> pd.DataFrame:
     """Every shard not scanned before, ``scan.shards_per_pass`` at a time through one scanner
     pool each; one parquet file per shard, so a rerun (or a resumed run) skips finished ones."""
     s, c = cfg.scan, cfg.crawl
@@ -190,9 +192,8 @@ def scan_shards(cfg: LeakageJobConfig, stores: dict[str, str], out: Path) -> pd.
         c.text_field, c.id_field,
     )  # fmt: skip
     keys, frames, todo = {}, {}, []
-    for shard in cfg.crawl.shards:
-        name = Path(shard).name
-        keys[name] = fingerprint(key, tree_sha256(shard))
+    for name, shard in shards:
+        keys[name] = fingerprint(key, shard.identity())
         reused = f"shard {name}: reusing the earlier scan"
         frames[name] = reuse_frame(out, f"scan/{name}", keys[name], reused)
         if frames[name] is None:
@@ -200,4 +201,4 @@ def scan_shards(cfg: LeakageJobConfig, stores: dict[str, str], out: Path) -> pd.
     step = max(1, s.shards_per_pass)
     for first in range(0, len(todo), step):
         frames.update(scan_pass(cfg, stores, todo[first : first + step], out, keys))
-    return pd.concat([frames[Path(p).name] for p in cfg.crawl.shards], ignore_index=True)
+    return pd.concat([frames[name] for name, _ in shards], ignore_index=True)

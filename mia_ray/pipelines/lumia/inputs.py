@@ -16,14 +16,15 @@ from mia_ray.pipelines.lumia.config import LumiaJobConfig
 
 def image_paths(data_cfg, ids: set[str]) -> dict[str, str]:
     """doc_id -> absolute image path, from the jsonl/parquet records' ``image_field``."""
-    from mia_ray.data.readers import resolve_inputs
+    from mia_ray.data.sources import resolve_source
 
-    root = Path(data_cfg.path).expanduser().resolve()
-    fmt, base, files = resolve_inputs(root, data_cfg.format)
-    if fmt == "text":
+    source = resolve_source(data_cfg.path, data_cfg.format)
+    fmt, base, files = source.fmt, Path(source.base), source.files
+    if source.remote or fmt not in ("jsonl", "parquet"):
         raise MiaError(
-            "a vision-language model needs jsonl or parquet records with an image path "
-            f"(field {data_cfg.image_field!r}); {data_cfg.path} is a folder of text files"
+            "a vision-language model needs local jsonl or parquet records with an image path "
+            f"(field {data_cfg.image_field!r}); {data_cfg.path} is {fmt}"
+            + (" in object storage" if source.remote else "")
         )
     out: dict[str, str] = {}
     for rel, _ in files:
