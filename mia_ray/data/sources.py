@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +118,22 @@ def shard_sources(paths: list[str]) -> list[tuple[str, Source]]:
     folder name, unique across the list."""
     out: list[tuple[str, Source]] = []
     for path in paths:
-        src = resolve_source(path)
         if _GLOB & set(str(path).split("?", 1)[0]):
-            out += [(Path(rel).name, src.one(rel)) for rel in src.rels]
+            # Each file a shard of its own format: a glob may match .jsonl.zst and WET files.
+            listing = resolve_source(path, "text")
+            for rel in listing.rels:
+                if is_marker(rel):
+                    continue
+                fmt = format_of(rel)
+                if not fmt:
+                    raise MiaError(
+                        f"cannot tell the format of {rel} (matched by {listing.path}) from its "
+                        "suffix: narrow the glob to .jsonl, .json, .parquet, .txt, .warc or "
+                        ".wet files (optionally .gz or .zst)"
+                    )
+                out.append((Path(rel).name, replace(listing.one(rel), fmt=fmt)))
         else:
+            src = resolve_source(path)
             out.append((Path(str(path).split("?", 1)[0].rstrip("/")).name, src))
     names = [name for name, _ in out]
     dup = sorted({n for n in names if names.count(n) > 1})
