@@ -3,7 +3,8 @@
 The test world and every input sit in the cluster's ``data`` folder, which the workers do not
 see: a worker finds a model only through storage (``storage.stage``) and a document only
 through the object store (read on the driver's node). Each pipeline's numbers must equal a
-one-node run's on the same inputs (this pytest process, its local Ray instance).
+one-node run's on the same inputs (this pytest process, its local Ray instance). A crawl that
+only the S3 server holds is read by Ray Data's tasks where Ray places them, workers included.
 """
 
 from __future__ import annotations
@@ -230,3 +231,75 @@ def test_leakage_scanners_on_the_workers_find_what_one_node_finds(
         pd.read_parquet(tmp_path / "one" / "matches.parquet"),
     )
     assert _placed(cluster, "LeakScanner", before) <= cluster.worker_ids()
+
+
+def _crawl_pages(n: int = 60) -> list[dict]:
+    return [
+        {"id": f"page-{i:03d}",
+         "text": f"Page {i} of the crawl. " * 8
+         + (f"Write to person{i}@example.org today. " if i % 3 == 0 else "")
+         + ("Or call +44 20 7946 0958 now. " if i % 5 == 0 else "")}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def _write_crawl(folder: Path) -> None:
+    """Three shards in the formats corpora ship in: JSON Lines as zstd, Parquet, a WET file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mia_ray.demo.crawl import write_wet
+
+    pages = _crawl_pages()
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = "".join(json.dumps(p) + "\n" for p in pages[:20]).encode()
+    with pa.CompressedOutputStream(str(folder / "part-0.jsonl.zst"), "zstd") as f:
+        f.write(lines)
+    pq.write_table(pa.Table.from_pylist(pages[20:40]), folder / "part-1.parquet")
+    write_wet(pages[40:], folder / "part-2.warc.wet.gz")
+
+
+def test_a_crawl_only_in_the_bucket_is_read_on_the_workers(
+    cluster, ray_local, tmp_path, s3_server, monkeypatch
+):
+    """crawl.shards a glob in S3, which no disk holds: Ray Data's read tasks read the shards
+    on the nodes Ray gives them (not pinned to the driver's), and the rates are a one-node
+    run's on local copies of the same files."""
+    from ray.util.state import list_tasks
+
+    from mia_ray.storage import filesystem_of
+
+    local = tmp_path / "crawl"
+    _write_crawl(local)
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
+    for f in sorted(local.iterdir()):
+        fs, path = filesystem_of(s3_server.uri(f"{prefix}/{f.name}"))
+        with fs.open_output_stream(path, compression=None) as out:
+            out.write(f.read_bytes())
+    base = ["leakage", "--set", "scan.workers=2", "--set", "scan.cpus_per_worker=0.5",
+            "--set", "scan.names=false",
+            "--set", "eval.targets=[]"]  # fmt: skip
+    one = _one_node([*base, "--set", f"crawl.shards=[{local}/*]", "--out", str(tmp_path / "one")])
+    seen = {t.task_id for t in list_tasks(address=cluster.dashboard_url, limit=10000,
+                                          raise_on_missing_output=False)}  # fmt: skip
+    out = cluster.runs / f"bucket-crawl-{uuid.uuid4().hex[:8]}"
+    glob = s3_server.uri(f"{prefix}/*")
+    args = [*base, "--set", f"crawl.shards=[{glob}]", *ON_WORKERS, "--out", str(out)]
+    report, err = _on_cluster(cluster, args, s3_server.uri(f"run-{uuid.uuid4().hex[:8]}"))
+    assert "driver's disk alone" not in err
+    keys = ("leakage_rate", "pii_types", "pii_without_names", "shards", "matches", "matches_total")
+    assert {k: report[k] for k in keys} == {k: one[k] for k in keys}
+    assert report["crawl"]["documents"] == 60 and report["matches_total"] > 0
+    assert sorted(report["shards"]) == ["part-0.jsonl.zst", "part-1.parquet", "part-2.warc.wet.gz"]
+    reads = [
+        t for t in list_tasks(address=cluster.dashboard_url, limit=10000,
+                              raise_on_missing_output=False)
+        if t.task_id not in seen and (t.name or "").startswith("Read")
+    ]  # fmt: skip
+    kinds = {t.name.split("->")[0] for t in reads}
+    # Ray Data names its own parquet reader ReadFilesParquetV2 (Ray 2.60).
+    assert {"ReadJsonl", "ReadWarc"} <= kinds and any("Parquet" in k for k in kinds), kinds
+    # Read where Ray placed them, workers included: nothing pins them to the driver's node.
+    assert {t.node_id for t in reads} & cluster.worker_ids(), [(t.name, t.node_id) for t in reads]
