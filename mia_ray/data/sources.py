@@ -68,8 +68,9 @@ class Source:
     def one(self, rel: str) -> Source:
         """The source of one of its files."""
         size = dict(self.files)[rel]
-        return Source(f"{self.path} ({rel})", self.fmt, self.base, ((rel, size),),
-                      self.filesystem, self.remote)  # fmt: skip
+        # Named as a user would name it: the file's path, or the glob and the file in a bucket.
+        path = f"{self.path} ({rel})" if self.remote else f"{self.base}/{rel}"
+        return Source(path, self.fmt, self.base, ((rel, size),), self.filesystem, self.remote)
 
     def open(self, rel: str):
         """A stream of a file's bytes, decompressed as its suffix says."""

@@ -303,3 +303,38 @@ def test_a_crawl_only_in_the_bucket_is_read_on_the_workers(
     assert {"ReadJsonl", "ReadWarc"} <= kinds and any("Parquet" in k for k in kinds), kinds
     # Read where Ray placed them, workers included: nothing pins them to the driver's node.
     assert {t.node_id for t in reads} & cluster.worker_ids(), [(t.name, t.node_id) for t in reads]
+
+
+def test_a_crawl_on_a_mount_every_node_has_is_read_there_and_one_only_the_driver_has_is_not(
+    cluster, tmp_path
+):
+    """Local paths: a folder every node mounts (the cluster's ``shared``) is read by tasks on
+    any node, as object storage is; the same files on the driver's disk alone are read on
+    the driver's node, and one log line says so. The same rates either way."""
+    from ray.util.state import list_tasks
+
+    def reads_since(seen: set[str]) -> list:
+        rows = list_tasks(address=cluster.dashboard_url, limit=10000, raise_on_missing_output=False)
+        return [t for t in rows if t.task_id not in seen and (t.name or "").startswith("Read")]
+
+    base = ["leakage", "--set", "scan.workers=2", "--set", "scan.cpus_per_worker=0.5",
+            "--set", "scan.names=false", "--set", "eval.targets=[]", *ON_WORKERS]  # fmt: skip
+    reports = {}
+    for where, folder in (("shared", cluster.shared), ("driver", cluster.data)):
+        crawl = folder / f"crawl-{uuid.uuid4().hex[:8]}"
+        _write_crawl(crawl)
+        seen = {t.task_id for t in reads_since(set())}
+        out = cluster.runs / f"{where}-crawl-{uuid.uuid4().hex[:8]}"
+        args = [*base, "--set", f"crawl.shards=[{crawl}/*]", "--out", str(out)]
+        reports[where], err = _on_cluster(cluster, args, _storage(cluster, f"{where}-crawl"))
+        nodes = {t.node_id for t in reads_since(seen)}
+        assert nodes, where
+        if where == "shared":
+            assert "driver's disk alone" not in err
+            assert nodes & cluster.worker_ids(), nodes
+        else:
+            for name in ("part-0.jsonl.zst", "part-1.parquet", "part-2.warc.wet.gz"):
+                assert f"{crawl}/{name} is on the driver's disk alone: its read tasks" in err
+            assert not nodes & cluster.worker_ids(), nodes
+    keys = ("leakage_rate", "pii_types", "pii_without_names", "shards", "matches", "matches_total")
+    assert {k: reports["shared"][k] for k in keys} == {k: reports["driver"][k] for k in keys}
