@@ -120,9 +120,7 @@ def read_documents(
         return _validated(ds, str(path), no_id=False)
     if fmt == "warc":
         fields = _warc_fields(text_field, id_field, label_field, date_field, group_field)
-        warc = _warc_datasource_class()(
-            paths, base=base, fields=fields, filesystem=source.filesystem
-        )
+        warc = _records_datasource("Warc", paths, base, fields, source.filesystem)
         ds = ray.data.read_datasource(warc, **pinned)
         return _validated(ds, str(path), no_id=False)
     names = (text_field, id_field, label_field, date_field, group_field)
@@ -147,9 +145,7 @@ def read_documents(
                 "the text (text-...); set data.id_field to the field that holds the ids"
             )
     if fmt == "jsonl":
-        jsonl = _jsonl_datasource_class()(
-            paths, base=base, fields=fields, filesystem=source.filesystem
-        )
+        jsonl = _records_datasource("Jsonl", paths, base, fields, source.filesystem)
         ds = ray.data.read_datasource(jsonl, **pinned)
     else:
         optional = [
@@ -528,48 +524,57 @@ def _iter_lines(f):
         yield lineno + 1, rest
 
 
-_JSONL_CLASS = None
+def jsonl_records(f, name: str, fields: _Fields):
+    """The records of one JSON Lines stream as :class:`_Rows` tables: split on ``\\n`` only
+    (Ray's own ``read_text`` splits with ``str.splitlines``, which also breaks lines at U+2028
+    and U+0085, characters that may stand unescaped inside JSON strings), problems named by
+    line number."""
+    rows = _Rows(fields.has_label, fields.has_date, fields.has_group)
+    for lineno, raw in _iter_lines(f):
+        if not raw.strip():
+            continue
+        rec = _parse_json_line(raw.rstrip(b"\r"), lineno, name)
+        where = f"line {lineno} of {name}"
+        if isinstance(rec, str):
+            rows.fail(rec)
+        elif fields.text not in rec:
+            rows.fail(_missing_field(fields.text, where, rec.keys()))
+        else:
+            _add_record(rows, fields, rec.get, rec.keys(), where)
+        if len(rows) >= _ROWS_PER_BLOCK:
+            yield rows.table()
+            rows = _Rows(fields.has_label, fields.has_date, fields.has_group)
+    if len(rows):
+        yield rows.table()
 
 
-def _jsonl_datasource_class():
-    """A JSON Lines datasource: streams each file, splits on ``\\n`` only, names line numbers.
+_RECORDS_CLASS = None
 
-    Built on first use so that importing this module does not import Ray. Ray's own
-    ``read_text`` reads whole files and splits with ``str.splitlines``, which also breaks
-    lines at U+2028 and U+0085, characters that may stand unescaped inside JSON strings.
-    """
-    global _JSONL_CLASS
-    if _JSONL_CLASS is None:
+
+def _records_datasource(kind: str, paths, base: str, fields: _Fields, filesystem):
+    """A datasource that streams each file (decompressed as its suffix says) through
+    ``records`` of its kind (``Jsonl``: :func:`jsonl_records`, ``Warc``: :func:`warc_records`);
+    Ray Data names its read ``Read<kind>``. Its class is built on first use so that importing
+    this module does not import Ray."""
+    global _RECORDS_CLASS
+    if _RECORDS_CLASS is None:
         from ray.data.datasource import FileBasedDatasource
 
-        class JsonlDatasource(FileBasedDatasource):
-            def __init__(self, paths, *, base: str, fields: _Fields, filesystem=None):
+        class RecordsDatasource(FileBasedDatasource):
+            def __init__(self, kind, paths, *, base: str, fields: _Fields, filesystem=None):
                 super().__init__(paths, filesystem=filesystem)
-                self._base, self._fields = base, fields
+                self._kind, self._base, self._fields = kind, base, fields
+
+            def get_name(self) -> str:
+                return self._kind
 
             def _read_stream(self, f, path: str):
                 name = Path(os.path.relpath(path, self._base)).as_posix()
-                fields = self._fields
-                rows = _Rows(fields.has_label, fields.has_date, fields.has_group)
-                for lineno, raw in _iter_lines(f):
-                    if not raw.strip():
-                        continue
-                    rec = _parse_json_line(raw.rstrip(b"\r"), lineno, name)
-                    where = f"line {lineno} of {name}"
-                    if isinstance(rec, str):
-                        rows.fail(rec)
-                    elif fields.text not in rec:
-                        rows.fail(_missing_field(fields.text, where, rec.keys()))
-                    else:
-                        _add_record(rows, fields, rec.get, rec.keys(), where)
-                    if len(rows) >= _ROWS_PER_BLOCK:
-                        yield rows.table()
-                        rows = _Rows(fields.has_label, fields.has_date, fields.has_group)
-                if len(rows):
-                    yield rows.table()
+                records = jsonl_records if self._kind == "Jsonl" else warc_records
+                yield from records(f, name, self._fields)
 
-        _JSONL_CLASS = JsonlDatasource
-    return _JSONL_CLASS
+        _RECORDS_CLASS = RecordsDatasource
+    return _RECORDS_CLASS(kind, paths, base=base, fields=fields, filesystem=filesystem)
 
 
 WARC_FIELDS = {"id": "WARC-Record-ID", "url": "WARC-Target-URI"}
@@ -639,28 +644,6 @@ def warc_records(f, name: str, fields: _Fields):
             rows = _Rows(False, True, fields.has_group)
     if len(rows):
         yield rows.table()
-
-
-_WARC_CLASS = None
-
-
-def _warc_datasource_class():
-    """WARC/WET files, each streamed (decompressed as its suffix says) through fastwarc."""
-    global _WARC_CLASS
-    if _WARC_CLASS is None:
-        from ray.data.datasource import FileBasedDatasource
-
-        class WarcDatasource(FileBasedDatasource):
-            def __init__(self, paths, *, base: str, fields: _Fields, filesystem=None):
-                super().__init__(paths, filesystem=filesystem)
-                self._base, self._fields = base, fields
-
-            def _read_stream(self, f, path: str):
-                name = Path(os.path.relpath(path, self._base)).as_posix()
-                yield from warc_records(f, name, self._fields)
-
-        _WARC_CLASS = WarcDatasource
-    return _WARC_CLASS
 
 
 _PARQUET_CLASS = None
