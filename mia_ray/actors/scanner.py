@@ -25,36 +25,63 @@ def load_store(where: str):
     return ShingleStore.load(io.BytesIO(data))
 
 
+FINDING_COLUMNS = ("category", "type", "start", "end", "value", "ref", "instance_start", "instance")
+
+
+def _finding_json(f: tuple) -> str:
+    c, t, start, end, value, ref, a, instance = f
+    row = (
+        f'{{"category": {_js(c)}, "type": {_js(t)}, "start": {start}, "end": {end}, '
+        f'"value": {_js(value)}, "ref": {_js(ref)}'
+    )
+    if a is not None:
+        row += f', "instance_start": {a}, "instance": {_js(instance)}'
+    return row + "}"
+
+
 class LeakScanner:
     """One scanner actor: loads the stores once (``stores``: category -> a path or a storage
-    URL of its file), then per batch of documents returns one row per document (``doc_id``,
-    ``shard``, ``chars``, ``bytes``, ``words``, ``findings``: a JSON list). A batch is a
-    pandas DataFrame (rows come back as one) or a pyarrow Table (as one: what the pipeline
-    passes: Ray Data's pandas conversions of a batch add about a third to its scan)."""
+    URL of its file), then scans batches of documents (``doc_id``, ``text``, ``shard``; a
+    pandas DataFrame or a pyarrow Table).
+
+    Without ``write_to``, a batch comes back as one row per document (``doc_id``, ``shard``,
+    ``chars``, ``bytes``, ``words``, ``findings``: a JSON list), as a table of the batch's
+    kind. With ``write_to`` (a storage URL: the run's ``scan`` folder), the actor writes each
+    shard's findings and per-document rows of the batch as Parquet under
+    ``<write_to>/<shard>/findings/`` and ``documents/`` (a part named by its documents' ids,
+    so a retried batch overwrites its own part) and returns one row per shard: ``shard``,
+    ``counts`` (JSON of :func:`~mia_ray.features.leaks.tally` with ``spans``), ``node``.
+    A batch row with an ``_error`` (a bad record) raises it."""
 
     def __init__(
-        self, stores: dict[str, str], pii_types: list[str], names: bool, instance_words: int = 64
+        self,
+        stores: dict[str, str],
+        pii_types: list[str],
+        names: bool,
+        instance_words: int = 64,
+        spans: dict[str, int] | None = None,
+        write_to: str = "",
     ):
         self.stores = {c: load_store(p) for c, p in stores.items()}
         self.pii_types = pii_types or None
         self.names = names
         self.instance_words = instance_words
+        self.spans = spans or {}
+        self.write_to = write_to
 
-    def __call__(self, batch):
-        import pyarrow as pa
-
+    def findings(self, texts: list[str]):
+        """Per text, its findings as tuples of :data:`FINDING_COLUMNS`; and the texts' word
+        counts as the stores count them (a text shorter than a span never matches)."""
         from mia_ray.features.leaks import instance_span
         from mia_ray.features.pii import scan_pii_many
         from mia_ray.features.textbatch import TextBatch
 
-        arrow = isinstance(batch, pa.Table)
-        texts = batch.column("text").to_pylist() if arrow else list(batch["text"])
         # One layout of the whole batch serves the PII prefilter, the stores' vocabulary
         # prefilter and the word counts.
         laid = TextBatch(texts)
         pii = scan_pii_many(texts, self.pii_types, names=self.names, batch=laid)
         spans = [
-            (category, _js(category), store.ref_ids, store.match_many(laid))
+            (category, store.ref_ids, store.match_many(laid))
             for category, store in self.stores.items()
         ]
         found = []
@@ -62,47 +89,131 @@ class LeakScanner:
         for i, text in enumerate(texts):
             rows = []
             for m in pii[i]:
-                row = (
-                    f'{{"category": "pii", "type": {_js(m.type)}, "start": {m.start}, '
-                    f'"end": {m.end}, "value": {_js(m.value)}, "ref": ""'
-                )
+                a = instance = None
                 if m.type != "person_name":  # the instance the output and detection rates probe
                     a, b = instance_span(text, m.start, m.end, "pii", words)
-                    row += f', "instance_start": {a}, "instance": {_js(text[a:b])}'
-                rows.append(row + "}")
-            for category, c, ref_ids, per_text in spans:
+                    instance = text[a:b]
+                rows.append(("pii", m.type, m.start, m.end, m.value, "", a, instance))
+            for category, ref_ids, per_text in spans:
                 for m in per_text[i]:
                     a, b = instance_span(text, m.char_start, m.char_end, category, words)
-                    rows.append(
-                        f'{{"category": {c}, "type": {c}, "start": {m.char_start}, '
-                        f'"end": {m.char_end}, "value": {_js(text[m.char_start : m.char_end])}, '
-                        f'"ref": {_js(ref_ids[m.ref])}, "instance_start": {a}, '
-                        f'"instance": {_js(text[a:b])}}}'
-                    )
-            found.append(f"[{', '.join(rows)}]" if rows else "[]")
-        chars = [len(t) for t in texts]
-        size = [len(t) if t.isascii() else len(t.encode()) for t in texts]
-        # Words as the stores count them: a text shorter than a span never matches.
-        words = laid.word_counts()
+                    rows.append((
+                        category, category, m.char_start, m.char_end,
+                        text[m.char_start : m.char_end], ref_ids[m.ref], a, text[a:b],
+                    ))  # fmt: skip
+            found.append(rows)
+        return found, laid.word_counts()
+
+    def __call__(self, batch):
+        import pyarrow as pa
+
+        arrow = isinstance(batch, pa.Table)
+        if self.write_to:
+            return self.write(batch if arrow else pa.Table.from_pandas(batch, preserve_index=False))
+        texts = batch.column("text").to_pylist() if arrow else list(batch["text"])
+        found, words = self.findings(texts)
+        cols = {
+            "chars": [len(t) for t in texts],
+            "bytes": [_size(t) for t in texts],
+            "words": words,
+            "findings": [f"[{', '.join(map(_finding_json, f))}]" if f else "[]" for f in found],
+        }
         if arrow:
             return pa.table(
                 {
                     # The types Ray Data gave the DataFrame's columns, so the rows are the same.
                     "doc_id": batch.column("doc_id").cast(pa.large_string()),
                     "shard": batch.column("shard").cast(pa.large_string()),
-                    "chars": pa.array(chars, pa.int64()),
-                    "bytes": pa.array(size, pa.int64()),
-                    "words": pa.array(words, pa.int64()),
-                    "findings": pa.array(found, pa.large_string()),
+                    "chars": pa.array(cols["chars"], pa.int64()),
+                    "bytes": pa.array(cols["bytes"], pa.int64()),
+                    "words": pa.array(cols["words"], pa.int64()),
+                    "findings": pa.array(cols["findings"], pa.large_string()),
                 }
             )
         return pd.DataFrame(
+            {"doc_id": batch["doc_id"].to_numpy(), "shard": batch["shard"].to_numpy(), **cols}
+        )
+
+    def write(self, batch):
+        """Scan ``batch``, write its parts, return its counts per shard (see the class)."""
+        import hashlib
+
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import ray
+
+        from mia_ray.errors import MiaError
+        from mia_ray.features.leaks import tally
+
+        if "_error" in batch.column_names:
+            errors = pc.drop_null(batch.column("_error"))
+            if len(errors):
+                raise MiaError(f"{errors[0].as_py()} ({len(errors)} bad record(s) in this batch)")
+        node = ray.get_runtime_context().get_node_id()
+        types = _finding_types()
+        shards, counts = [], []
+        for shard in pc.unique(batch.column("shard")).to_pylist():
+            part = batch.filter(pc.equal(batch.column("shard"), shard))
+            ids = part.column("doc_id").to_pylist()
+            texts = part.column("text").to_pylist()
+            found, words = self.findings(texts)
+            sizes = [_size(t) for t in texts]
+            name = hashlib.blake2b("\x1f".join(ids).encode(), digest_size=10).hexdigest()
+            rows = [(d, *f) for d, fs in zip(ids, found, strict=True) for f in fs]
+            columns = list(zip(*rows, strict=True)) if rows else [()] * 9
+            findings = pa.table(
+                {
+                    "shard": pa.array([shard] * len(rows), pa.string()),
+                    "doc_id": pa.array(columns[0], pa.string()),
+                    **{
+                        c: pa.array(v, types[c])
+                        for c, v in zip(FINDING_COLUMNS, columns[1:], strict=True)
+                    },
+                }
+            )
+            documents = pa.table(
+                {
+                    "shard": pa.array([shard] * len(ids), pa.string()),
+                    "doc_id": pa.array(ids, pa.string()),
+                    "chars": pa.array([len(t) for t in texts], pa.int64()),
+                    "bytes": pa.array(sizes, pa.int64()),
+                    "words": pa.array(words, pa.int64()),
+                    "findings": pa.array([len(f) for f in found], pa.int64()),
+                }
+            )
+            if len(findings):
+                _write_parquet(self.write_to, f"{shard}/findings/part-{name}.parquet", findings)
+            _write_parquet(self.write_to, f"{shard}/documents/part-{name}.parquet", documents)
+            kinds = [[(f[0], f[1]) for f in fs] for fs in found]
+            shards.append(shard)
+            counts.append(json.dumps(tally(words, sizes, kinds, self.spans), sort_keys=True))
+        return pa.table(
             {
-                "doc_id": batch["doc_id"].to_numpy(),
-                "shard": batch["shard"].to_numpy(),
-                "chars": chars,
-                "bytes": size,
-                "words": words,
-                "findings": found,
+                "shard": pa.array(shards, pa.string()),
+                "counts": pa.array(counts, pa.string()),
+                "node": pa.array([node] * len(shards), pa.string()),
             }
         )
+
+
+def _size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def _finding_types():
+    import pyarrow as pa
+
+    s, i = pa.string(), pa.int64()
+    return dict(zip(FINDING_COLUMNS, (s, s, i, i, s, s, i, s), strict=True))
+
+
+def _write_parquet(url: str, rel: str, table) -> None:
+    """One Parquet file at ``rel`` of the storage at ``url``, written whole."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mia_ray.storage import open_storage
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    open_storage(url).write_bytes(rel, sink.getvalue().to_pybytes())

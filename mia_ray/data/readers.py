@@ -118,60 +118,88 @@ def read_documents(
             batch_format="numpy",
         )
         return _validated(ds, str(path), no_id=False)
-    if fmt == "warc":
-        fields = _warc_fields(text_field, id_field, label_field, date_field, group_field)
-        warc = _records_datasource("Warc", paths, base, fields, source.filesystem)
-        ds = ray.data.read_datasource(warc, **pinned)
-        return _validated(ds, str(path), no_id=False)
     names = (text_field, id_field, label_field, date_field, group_field)
-    rels = source.rels
-    if fmt == "jsonl":
-        fields = _jsonl_fields(source, *names)
+    fields = _fields_of(source, *names, note=note)
+    if fmt in ("jsonl", "warc") or pinned:
+        # Ray Data's read_parquet reads the files' footers in actors of its own, which
+        # ray_remote_args does not place: pinned Parquet files are read whole by our tasks.
+        spec = _FileSpec(fmt, base, fields)
+        records = _files_datasource(dict.fromkeys(paths, spec), source.filesystem)
+        ds = ray.data.read_datasource(records, **pinned)
     else:
-        fields = _parquet_fields(source, *names)
-    first = f"the first record of {rels[0]}" if fmt == "jsonl" else f"the columns of {rels[0]}"
-    if group_field and not fields.has_group:
-        raise MiaError(f"group field {group_field!r} (data.group_field) is not in {first}")
-    if not fields.has_id:
-        if id_field != DEFAULT_ID_FIELD:
-            raise MiaError(
-                f"id field {id_field!r} (data.id_field) is not in {first}: name the "
-                f"field that holds each document's id, or leave it at {DEFAULT_ID_FIELD!r} to "
-                "use hashes of the texts"
-            )
-        if note is not None:
-            note(
-                f"{path}: its records have no {id_field!r} field, so each doc_id is a hash of "
-                "the text (text-...); set data.id_field to the field that holds the ids"
-            )
-    if fmt == "jsonl":
-        jsonl = _records_datasource("Jsonl", paths, base, fields, source.filesystem)
-        ds = ray.data.read_datasource(jsonl, **pinned)
-    else:
-        optional = [
-            (fields.id, fields.has_id),
-            (fields.label, fields.has_label),
-            (fields.date, fields.has_date),
-            (fields.group, fields.has_group),
-        ]
-        # dict.fromkeys: a group field may also serve as another field (the id, say).
-        columns = list(dict.fromkeys([fields.text] + [name for name, has in optional if has]))
-        if pinned:
-            # Ray Data's read_parquet reads the files' footers in actors of its own, which
-            # ray_remote_args does not place: read them in the pinned read tasks instead.
-            pq_source = _parquet_datasource_class()(
-                paths, columns=columns, filesystem=source.filesystem
-            )
-            ds = ray.data.read_datasource(pq_source, **pinned)
-        else:
-            ds = ray.data.read_parquet(paths, include_paths=True, filesystem=source.filesystem)
-            ds = ds.select_columns([*columns, "path"])
-        ds = ds.map_batches(
+        ds = ray.data.read_parquet(paths, include_paths=True, filesystem=source.filesystem)
+        ds = ds.select_columns([*_parquet_columns(fields), "path"]).map_batches(
             _normalize_parquet,
             fn_kwargs={"base": base, "fields": fields},
             batch_format="pyarrow",
         )
     return _validated(ds, str(path), no_id=not fields.has_id)
+
+
+def read_shards(
+    shards: list[tuple[str, Source]],
+    text_field: str = "text",
+    id_field: str = "id",
+    sample: tuple[float, str] | None = None,
+):
+    """Many shards (``(name, source)``) as one lazy Ray dataset of ``doc_id``, ``text``,
+    ``shard`` and ``_error`` (a record's problem, or null), for a pass that streams: nothing is
+    materialized or validated here (the consumer raises ``_error``; doc_ids are not checked
+    for duplicates). Every file of every shard is read by one read operator per place they
+    are read from (object storage, or local files: on every node when every node sees them,
+    else on the driver's node), whatever their formats: one operator per shard would cost the
+    driver's executor loop a share of the scan on many shards (measured, see
+    ``leakage.scan``). ``sample``: ``(fraction, seed)`` keeps a document when
+    :func:`sample_point` of its shard and id is below the fraction, in the read task, so
+    that nothing downstream sees the rest."""
+    import ray
+
+    from mia_ray.log import log
+
+    groups: dict[Any, tuple[list, dict]] = {}
+    names: dict[Any, list[str]] = {}
+    for name, source in shards:
+        if source.fmt == "text":
+            empty = [rel for rel, size in source.files if size == 0]
+            if empty:
+                raise MiaError(f"document {empty[0]} of shard {name} is empty")
+            fields = _Fields(text_field, "", "", "", True, False, False)
+        else:
+            fields = _fields_of(source, text_field, id_field, "label", "date")
+        spec = _FileSpec(source.fmt, source.base, fields, name, sample)
+        where = ("remote", id(source.filesystem)) if source.remote else ("local",)
+        files, specs = groups.setdefault(where, ([], {}))
+        names.setdefault(where, []).append(source.path)
+        files.extend(zip(source.paths, (size for _, size in source.files), strict=True))
+        specs.update(dict.fromkeys(source.paths, (source.filesystem, spec)))
+    parts = []
+    for where, (files, specs) in groups.items():
+        filesystem = next(iter(specs.values()))[0]
+        together = Source(
+            ", ".join(names[where]), "mixed", "", tuple(files), filesystem, where[0] == "remote"
+        )
+        pinned = read_placement(together, log)  # one probe for all the local files
+        source = _files_datasource({p: s for p, (_, s) in specs.items()}, filesystem)
+        parts.append(ray.data.read_datasource(source, **pinned))
+    return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+
+
+def sample_point(seed: str, shard: str, doc_id: str) -> float:
+    """A document's place in [0, 1) for ``crawl.sample``: a hash of the seed, its shard and
+    its id, so the same documents are drawn on every rerun and any number of nodes."""
+    digest = hashlib.blake2b(f"{seed}\x1f{shard}\x1f{doc_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def _parquet_columns(fields: _Fields) -> list[str]:
+    optional = [
+        (fields.id, fields.has_id),
+        (fields.label, fields.has_label),
+        (fields.date, fields.has_date),
+        (fields.group, fields.has_group),
+    ]
+    # dict.fromkeys: a group field may also serve as another field (the id, say).
+    return list(dict.fromkeys([fields.text] + [name for name, has in optional if has]))
 
 
 def load_manifest(path: str | os.PathLike) -> dict[str, int]:
@@ -304,6 +332,37 @@ def _parquet_fields(
                 raise MiaError(_missing_field(field, rel, names))
     has = [f in first for f in (id_, label, date_)]
     return _Fields(text, id_, label, date_, *has, group, has_group=bool(group) and group in first)
+
+
+def _fields_of(
+    source: Source, text: str, id_: str, label: str, date_: str, group: str = "", note=None
+) -> _Fields:
+    """The fields a JSON Lines, Parquet or WARC source has (jsonl/parquet: from the first
+    record or schema; checked on the driver, before any task starts)."""
+    if source.fmt == "warc":
+        return _warc_fields(text, id_, label, date_, group)
+    rels = source.rels
+    fields = (_jsonl_fields if source.fmt == "jsonl" else _parquet_fields)(
+        source, text, id_, label, date_, group
+    )
+    first = (
+        f"the first record of {rels[0]}" if source.fmt == "jsonl" else f"the columns of {rels[0]}"
+    )
+    if group and not fields.has_group:
+        raise MiaError(f"group field {group!r} (data.group_field) is not in {first}")
+    if not fields.has_id:
+        if id_ != DEFAULT_ID_FIELD:
+            raise MiaError(
+                f"id field {id_!r} (data.id_field) is not in {first}: name the "
+                f"field that holds each document's id, or leave it at {DEFAULT_ID_FIELD!r} to "
+                "use hashes of the texts"
+            )
+        if note is not None:
+            note(
+                f"{source.path}: its records have no {id_!r} field, so each doc_id is a hash of "
+                "the text (text-...); set data.id_field to the field that holds the ids"
+            )
+    return fields
 
 
 def _missing_field(field: str, where: str, columns) -> str:
@@ -548,33 +607,87 @@ def jsonl_records(f, name: str, fields: _Fields):
         yield rows.table()
 
 
-_RECORDS_CLASS = None
+@dataclass(frozen=True)
+class _FileSpec:
+    """How to read one file: its format, the folder its names are relative to, its fields;
+    for a scan, the shard it belongs to (a ``shard`` column) and the sample to keep."""
+
+    fmt: str
+    base: str
+    fields: _Fields
+    shard: str = ""
+    sample: tuple[float, str] | None = None
 
 
-def _records_datasource(kind: str, paths, base: str, fields: _Fields, filesystem):
-    """A datasource that streams each file (decompressed as its suffix says) through
-    ``records`` of its kind (``Jsonl``: :func:`jsonl_records`, ``Warc``: :func:`warc_records`);
-    Ray Data names its read ``Read<kind>``. Its class is built on first use so that importing
-    this module does not import Ray."""
-    global _RECORDS_CLASS
-    if _RECORDS_CLASS is None:
+def _file_rows(f, path: str, spec: _FileSpec):
+    """The rows of one file as :class:`_Rows` tables (see :func:`read_documents`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    name = Path(os.path.relpath(path, spec.base)).as_posix() if spec.base else path
+    if spec.fmt == "jsonl":
+        yield from jsonl_records(f, name, spec.fields)
+    elif spec.fmt == "warc":
+        yield from warc_records(f, name, spec.fields)
+    elif spec.fmt == "text":
+        yield _decode_text_files({"bytes": [f.read()], "path": [path]}, spec.base)
+    else:
+        # The stream is not seekable; a footer is read from the end of the file.
+        pf = pq.ParquetFile(pa.BufferReader(f.read()))
+        columns = _parquet_columns(spec.fields)
+        for batch in pf.iter_batches(batch_size=_ROWS_PER_BLOCK, columns=columns):
+            table = pa.Table.from_batches([batch])
+            table = table.append_column("path", pa.array([path] * len(table), pa.string()))
+            yield _normalize_parquet(table, spec.base, spec.fields)
+
+
+def _scan_columns(table, spec: _FileSpec):
+    """A scan's columns of a block (``doc_id``, ``text``, ``shard``, ``_error``), the
+    documents outside the sample left out (a record's problem is kept)."""
+    import pyarrow as pa
+
+    table = table.select(["doc_id", "text", ERROR_COL])
+    if spec.sample is not None:
+        fraction, seed = spec.sample
+        ids, errors = table.column("doc_id").to_pylist(), table.column(ERROR_COL).to_pylist()
+        keep = [
+            e is not None or sample_point(seed, spec.shard, d) < fraction
+            for d, e in zip(ids, errors, strict=True)
+        ]
+        table = table.filter(pa.array(keep, pa.bool_()))
+    return table.append_column("shard", pa.array([spec.shard] * len(table), pa.string()))
+
+
+_FILES_CLASS = None
+
+
+def _files_datasource(specs: dict[str, _FileSpec], filesystem):
+    """A datasource that streams each file (decompressed as its suffix says) as its spec
+    says; Ray Data names its read ``Read<Format>`` (``ReadJsonl``, ``ReadWarc``; several
+    formats: ``ReadShards``). Its class is built on first use so that importing this module
+    does not import Ray."""
+    global _FILES_CLASS
+    if _FILES_CLASS is None:
         from ray.data.datasource import FileBasedDatasource
 
-        class RecordsDatasource(FileBasedDatasource):
-            def __init__(self, kind, paths, *, base: str, fields: _Fields, filesystem=None):
-                super().__init__(paths, filesystem=filesystem)
-                self._kind, self._base, self._fields = kind, base, fields
+        class FilesDatasource(FileBasedDatasource):
+            def __init__(self, specs: dict[str, _FileSpec], filesystem=None):
+                super().__init__(list(specs), filesystem=filesystem)
+                # Ray hands _read_stream the path without a scheme: look it up the same way.
+                self._specs = {p.split("://", 1)[-1]: s for p, s in specs.items()}
+                fmts = {s.fmt for s in specs.values()}
+                self._name = fmts.pop().capitalize() if len(fmts) == 1 else "Shards"
 
             def get_name(self) -> str:
-                return self._kind
+                return self._name
 
             def _read_stream(self, f, path: str):
-                name = Path(os.path.relpath(path, self._base)).as_posix()
-                records = jsonl_records if self._kind == "Jsonl" else warc_records
-                yield from records(f, name, self._fields)
+                spec = self._specs[path.split("://", 1)[-1]]
+                for table in _file_rows(f, path, spec):
+                    yield _scan_columns(table, spec) if spec.shard else table
 
-        _RECORDS_CLASS = RecordsDatasource
-    return _RECORDS_CLASS(kind, paths, base=base, fields=fields, filesystem=filesystem)
+        _FILES_CLASS = FilesDatasource
+    return _FILES_CLASS(specs, filesystem=filesystem)
 
 
 WARC_FIELDS = {"id": "WARC-Record-ID", "url": "WARC-Target-URI"}
@@ -644,35 +757,6 @@ def warc_records(f, name: str, fields: _Fields):
             rows = _Rows(False, True, fields.has_group)
     if len(rows):
         yield rows.table()
-
-
-_PARQUET_CLASS = None
-
-
-def _parquet_datasource_class():
-    """Parquet files read whole by each read task (``columns`` and a ``path`` column), for
-    read tasks pinned to the node that has the files (see :func:`read_documents`)."""
-    global _PARQUET_CLASS
-    if _PARQUET_CLASS is None:
-        from ray.data.datasource import FileBasedDatasource
-
-        class ParquetFilesDatasource(FileBasedDatasource):
-            def __init__(self, paths, *, columns: list[str], filesystem=None):
-                super().__init__(paths, filesystem=filesystem)
-                self._columns = columns
-
-            def _read_stream(self, f, path: str):
-                import pyarrow as pa
-                import pyarrow.parquet as pq
-
-                # The stream is not seekable; a footer is read from the end of the file.
-                pf = pq.ParquetFile(pa.BufferReader(f.read()))
-                for batch in pf.iter_batches(batch_size=_ROWS_PER_BLOCK, columns=self._columns):
-                    table = pa.Table.from_batches([batch])
-                    yield table.append_column("path", pa.array([path] * len(table), pa.string()))
-
-        _PARQUET_CLASS = ParquetFilesDatasource
-    return _PARQUET_CLASS
 
 
 def _normalize_parquet(table, base: str, fields: _Fields):

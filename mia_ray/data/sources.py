@@ -292,7 +292,7 @@ def read_placement(source: Source, log=None) -> dict[str, Any]:
         return {}
     if log is not None:
         log(
-            f"{source.path} is on the driver's disk alone: its read tasks run on the driver's "
+            f"on the driver's disk alone: {source.path}; its read tasks run on the driver's "
             "node (put it on a folder every node mounts, or in object storage, to read it on "
             "every node)"
         )

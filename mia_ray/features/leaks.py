@@ -290,3 +290,49 @@ def majority_vote(votes: np.ndarray) -> np.ndarray:
     total = v.sum(axis=1)
     half = v.shape[1] / 2
     return np.where(total > half, 1, np.where(total < half, 0, v[:, 0]))
+
+
+def tally(
+    words: Sequence[int],
+    sizes: Sequence[int],
+    found: Sequence[Sequence[tuple[str, str]]],
+    spans: dict[str, int],
+) -> dict:
+    """The counts the leakage rates are made of, for some documents of one shard: per
+    document its word count, its size in bytes and the ``(category, type)`` of each of its
+    findings. ``hits[c]``: documents with a finding of category ``c``; ``eligible[c]``:
+    documents of at least ``spans[c]`` words (all of them for a category without a span);
+    ``pii_types[t]``: documents with a PII finding of type ``t``; ``pii_without_names``:
+    documents with a PII finding other than a person's name. Counts of several batches add
+    up (:func:`add_counts`), so the scanners count and the driver only sums."""
+    hits = dict.fromkeys(CATEGORIES, 0)
+    types: dict[str, int] = {}
+    without_names = findings = 0
+    for doc in found:
+        findings += len(doc)
+        for c in {c for c, _ in doc}:
+            hits[c] += 1
+        pii = {t for c, t in doc if c == "pii"}
+        for t in pii:
+            types[t] = types.get(t, 0) + 1
+        without_names += bool(pii - {"person_name"})
+    return {
+        "documents": len(words),
+        "bytes": int(sum(sizes)),
+        "findings": findings,
+        "hits": hits,
+        "eligible": {
+            c: int(sum(w >= spans[c] for w in words)) if c in spans else len(words)
+            for c in CATEGORIES
+        },
+        "pii_types": types,
+        "pii_without_names": without_names,
+    }
+
+
+def add_counts(a: dict, b: dict) -> dict:
+    """The sum of two :func:`tally` results (nested dicts of counts)."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = add_counts(a.get(k, {}), v) if isinstance(v, dict) else a.get(k, 0) + v
+    return out

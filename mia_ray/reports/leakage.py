@@ -229,7 +229,8 @@ def render_leakage_report(report: Mapping[str, Any], out_path: Path) -> Path:
     )
     sections.append(
         (
-            f"Matches (first {len(report['matches'])} of {report['matches_total']}; all in matches.parquet)",
+            f"Matches (first {len(report['matches'])} of {report['matches_total']}; all in "
+            f"{report['crawl'].get('findings', 'scan/<shard>/findings/')})",
             table_html(
                 [{**m, "value": str(m["value"])[:120]} for m in report["matches"][:200]],
                 ["shard", "doc_id", "category", "type", "start", "end", "value", "ref"],

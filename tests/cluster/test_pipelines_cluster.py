@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from mia_ray.cli import main
+from mia_ray.pipelines.leakage.scan import read_findings
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.cluster
@@ -219,6 +220,18 @@ def _leakage_numbers(report: dict) -> dict:
     return {k: report[k] for k in (*keys, "matches", "matches_total")}
 
 
+def _bucket_findings(storage_uri: str, shards: list[str]) -> pd.DataFrame:
+    """A run's findings as the scanners wrote them into its storage."""
+    from mia_ray import storage
+
+    ws = storage.Workspace(Path("/nonexistent-driver-folder"), storage_uri)
+    storage.set_current(ws)
+    try:
+        return read_findings(ws.local, shards)
+    finally:
+        storage.set_current(None)
+
+
 def test_leakage_scanners_on_the_workers_find_what_one_node_finds(
     cluster, ray_local, world, tmp_path, s3_server
 ):
@@ -227,14 +240,21 @@ def test_leakage_scanners_on_the_workers_find_what_one_node_finds(
     before = set(cluster.actors("LeakScanner"))
     out = cluster.runs / f"leakage-{uuid.uuid4().hex[:8]}"
     args = _args("leakage", world, out, *LEAKAGE, *ON_WORKERS)
-    report, _ = _on_cluster(cluster, args, s3_server.uri(f"leakage-{uuid.uuid4().hex[:8]}"))
+    storage = s3_server.uri(f"leakage-{uuid.uuid4().hex[:8]}")
+    report, _ = _on_cluster(cluster, args, storage)
     assert _leakage_numbers(report) == _leakage_numbers(one)
     assert report["matches_total"] > 0 and report["truth"]["copyright"]["found"] > 0
-    pd.testing.assert_frame_equal(
-        pd.read_parquet(out / "matches.parquet"),
-        pd.read_parquet(tmp_path / "one" / "matches.parquet"),
-    )
+    # The scanners, all on the workers, wrote the findings into the bucket; the driver's
+    # folder holds none of them.
     assert _placed(cluster, "LeakScanner", before) <= cluster.worker_ids()
+    assert not (out / "scan").exists() or not list((out / "scan").rglob("*.parquet"))
+    shards = list(one["shards"])
+    pd.testing.assert_frame_equal(
+        _bucket_findings(storage, shards), read_findings(tmp_path / "one", shards)
+    )
+
+
+SHARDS = ("part-0.jsonl.zst", "part-1.parquet", "part-2.warc.wet.gz")
 
 
 def _crawl_pages(n: int = 60) -> list[dict]:
@@ -296,17 +316,17 @@ def test_a_crawl_only_in_the_bucket_is_read_on_the_workers(
     keys = ("leakage_rate", "pii_types", "pii_without_names", "shards", "matches", "matches_total")
     assert {k: report[k] for k in keys} == {k: one[k] for k in keys}
     assert report["crawl"]["documents"] == 60 and report["matches_total"] > 0
-    assert sorted(report["shards"]) == ["part-0.jsonl.zst", "part-1.parquet", "part-2.warc.wet.gz"]
+    assert sorted(report["shards"]) == list(SHARDS)
     reads = [
         t for t in list_tasks(address=cluster.dashboard_url, limit=10000,
                               raise_on_missing_output=False)
         if t.task_id not in seen and (t.name or "").startswith("Read")
     ]  # fmt: skip
-    kinds = {t.name.split("->")[0] for t in reads}
-    # Ray Data names its own parquet reader ReadFilesParquetV2 (Ray 2.60).
-    assert {"ReadJsonl", "ReadWarc"} <= kinds and any("Parquet" in k for k in kinds), kinds
-    # Read where Ray placed them, workers included: nothing pins them to the driver's node.
-    assert {t.node_id for t in reads} & cluster.worker_ids(), [(t.name, t.node_id) for t in reads]
+    # One read operator for the pass's three formats (leakage.scan: one per shard would
+    # cost the driver's executor loop a share of the scan).
+    assert {t.name.split("->")[0] for t in reads} == {"ReadShards"}, [t.name for t in reads]
+    # Read where Ray placed them: nothing pins them to the driver's node, and both workers read.
+    assert cluster.worker_ids() <= {t.node_id for t in reads}, [(t.name, t.node_id) for t in reads]
 
 
 def test_a_crawl_on_a_mount_every_node_has_is_read_there_and_one_only_the_driver_has_is_not(
@@ -337,8 +357,62 @@ def test_a_crawl_on_a_mount_every_node_has_is_read_there_and_one_only_the_driver
             assert "driver's disk alone" not in err
             assert nodes & cluster.worker_ids(), nodes
         else:
-            for name in ("part-0.jsonl.zst", "part-1.parquet", "part-2.warc.wet.gz"):
-                assert f"{crawl}/{name} is on the driver's disk alone: its read tasks" in err
+            # One probe and one line for the pass's local shards.
+            paths = ", ".join(f"{crawl}/{name}" for name in SHARDS)
+            assert err.count("on the driver's disk alone") == 1, err[-3000:]
+            assert f"on the driver's disk alone: {paths}; its read tasks" in err
             assert not nodes & cluster.worker_ids(), nodes
     keys = ("leakage_rate", "pii_types", "pii_without_names", "shards", "matches", "matches_total")
     assert {k: reports["shared"][k] for k in keys} == {k: reports["driver"][k] for k in keys}
+
+
+def test_a_worker_lost_mid_scan_costs_nothing_but_time(cluster, ray_local, tmp_path):
+    """SIGKILL of a worker's raylet while its scanner scans a 40 MB crawl on the shared
+    mount: Ray Data restarts the actor on the other worker and reruns the lost batches,
+    whose parts overwrite their own (named by their documents); the run ends with a one-node
+    run's rates, and every page is in exactly one part."""
+    crawl = cluster.shared / f"big-crawl-{uuid.uuid4().hex[:8]}"
+    crawl.mkdir()
+    filler = "The committee met again on the third floor to read the minutes aloud. " * 28
+    for s in range(4):
+        with (crawl / f"part-{s}.jsonl").open("w") as f:
+            for i in range(s * 5000, (s + 1) * 5000):
+                mail = f" Write to person{i}@example.org today." if i % 3 == 0 else ""
+                f.write(json.dumps({"id": f"p{i:05d}", "text": f"Page {i}. {filler}{mail}"}) + "\n")
+    base = ["leakage", "--set", f"crawl.shards=[{crawl}/*]", "--set", "scan.workers=2",
+            "--set", "scan.cpus_per_worker=0.5", "--set", "scan.names=false",
+            "--set", "scan.batch_size=64", "--set", "eval.targets=[]"]  # fmt: skip
+    one = _one_node([*base, "--out", str(tmp_path / "one")])
+    before = set(cluster.actors("LeakScanner"))
+    out = cluster.runs / f"scan-kill-{uuid.uuid4().hex[:8]}"
+    storage = _storage(cluster, "scan-kill")
+    driver = cluster.spawn_driver([*base, *ON_WORKERS, "--set", f"resources.storage={storage}",
+                                   "--out", str(out)])  # fmt: skip
+    killed = None
+    try:
+        deadline = time.time() + 300
+        while not list(Path(storage).glob("scan/*/documents/*.parquet")):
+            assert time.time() < deadline and driver.proc.poll() is None, "no parts written"
+            time.sleep(0.05)
+        alive = {a: n for a, n in cluster.actors("LeakScanner").items() if a not in before}
+        nodes = [w.node_id for w in cluster.workers]
+        killed = next(i for i, n in enumerate(nodes) if n in alive.values())
+        cluster.kill_worker(killed)
+        code = driver.finish(timeout=600)
+        assert code == 0, "".join(driver.lines)[-6000:]
+    finally:
+        if driver.proc.poll() is None:
+            driver.proc.kill()
+        if killed is not None:
+            cluster.restart_worker(killed)
+    from ray.util.state import list_actors
+
+    rows = list_actors(address=cluster.dashboard_url, limit=10000, detail=True)
+    assert max(a.num_restarts for a in rows if a.actor_id in alive) >= 1
+    report = json.loads((out / "report.json").read_text())
+    keys = ("leakage_rate", "pii_types", "pii_without_names", "shards", "matches_total")
+    assert {k: report[k] for k in keys} == {k: one[k] for k in keys}
+    assert report["crawl"]["documents"] == 20000 and report["matches_total"] == 6667
+    parts = list(Path(storage).glob("scan/*/documents/*.parquet"))
+    ids = pd.concat([pd.read_parquet(p, columns=["doc_id"]) for p in parts])["doc_id"]
+    assert len(ids) == 20000 and ids.is_unique

@@ -64,7 +64,7 @@ def test_rates_and_intervals_recompute_from_the_matches(run, test_world):
     from mia_ray.stats.metrics import wilson_interval
 
     out, report = run
-    found = pd.read_parquet(out / "matches.parquet")
+    found = _found(out)
     n = report["crawl"]["documents"]
     assert n == 60
     words = [len(words_with_offsets(t)[0]) for t in _pages(test_world).values()]
@@ -91,6 +91,13 @@ def test_rates_and_intervals_recompute_from_the_matches(run, test_world):
     )
     html = (out / "report.html").read_text()
     assert "raw rate" in html and "eligible" in html
+
+
+def _found(out: Path) -> pd.DataFrame:
+    """The findings the scanners wrote for a run's shards."""
+    from mia_ray.pipelines.leakage.scan import read_findings
+
+    return read_findings(out, list(json.loads((out / "report.json").read_text())["shards"]))
 
 
 def _docs(words: list[int]) -> pd.DataFrame:
@@ -159,7 +166,7 @@ def _pages(test_world):
 
 def test_every_match_points_at_its_text_in_the_shard(run, test_world):
     out, _ = run
-    found = pd.read_parquet(out / "matches.parquet")
+    found = _found(out)
     pages = _pages(test_world)
     for m in found.to_dict("records"):
         assert pages[(m["shard"], m["doc_id"])][m["start"] : m["end"]] == m["value"]
@@ -191,8 +198,8 @@ def test_one_worker_finds_what_two_find(run, test_world, tmp_path):
     ]
     assert main(_args(test_world, one, *extra)) == 0
     cols = ["shard", "doc_id", "category", "type", "start", "end", "ref"]
-    a = pd.read_parquet(out / "matches.parquet")[cols].sort_values(cols).reset_index(drop=True)
-    b = pd.read_parquet(one / "matches.parquet")[cols].sort_values(cols).reset_index(drop=True)
+    a = _found(out)[cols].sort_values(cols).reset_index(drop=True)
+    b = _found(one)[cols].sort_values(cols).reset_index(drop=True)
     pd.testing.assert_frame_equal(a, b)
 
 
@@ -207,7 +214,7 @@ def test_a_rerun_that_reads_the_shards_otherwise_scans_them_again(ray_local, tmp
         args = ["leakage", "--set", f"crawl.shards=[{shard}]", "--set", "scan.workers=1",
                 "--set", "scan.names=false", *extra, "--out", str(out)]  # fmt: skip
         assert main(args) == 0
-        return pd.read_parquet(out / "matches.parquet")
+        return _found(out)
 
     assert list(scan()[["doc_id", "type"]].itertuples(index=False)) == [("a", "email")]
     # No copyright or benchmark store: those categories were not scanned, which is not a
@@ -249,7 +256,7 @@ def test_a_crawl_of_compressed_and_wet_shards_named_by_a_glob(ray_local, tmp_pat
     args = ["leakage", "--set", f"crawl.shards=[{crawl}/*.gz]", "--set", "scan.workers=1",
             "--set", "scan.names=false", "--out", str(out)]  # fmt: skip
     assert main(args) == 0
-    found = pd.read_parquet(out / "matches.parquet").sort_values("shard")
+    found = _found(out).sort_values("shard")
     assert list(found[["shard", "doc_id", "type"]].itertuples(index=False)) == [
         ("CC-0.warc.wet.gz", wet_record_id("w1"), "phone_intl"),
         ("part-0.jsonl.gz", "a", "email"),
@@ -545,10 +552,85 @@ def test_a_parquet_shard_read_on_the_drivers_node_gives_the_same_documents(
         pinned = read()
     finally:
         storage.set_current(None)
-    assert f"{shard} is on the driver's disk alone: its read tasks run" in capfd.readouterr().err
+    assert f"on the driver's disk alone: {shard}; its read tasks run" in capfd.readouterr().err
     pd.testing.assert_frame_equal(pinned, plain)
     assert len(plain) == 30 and set(plain.columns) >= {"doc_id", "text", "date"}
 
 
 def test_report_numbers_match_the_snapshot(run, report_snapshot):
     report_snapshot(run[1], "leakage")
+
+
+def _plain_crawl(tmp_path, n: int = 40) -> Path:
+    shard = tmp_path / "crawl.jsonl"
+    rows = [{"id": f"p{i:03d}", "text": f"Page {i}: write to user{i}@example.com now."}
+            for i in range(n)]  # fmt: skip
+    shard.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return shard
+
+
+def _leakage(shard, out, *extra) -> dict:
+    args = ["leakage", "--set", f"crawl.shards=[{shard}]", "--set", "scan.workers=1",
+            "--set", "scan.names=false", *extra, "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    return json.loads((out / "report.json").read_text())
+
+
+def test_a_sample_is_the_documents_whose_seeded_hash_falls_below_it(ray_local, tmp_path):
+    import hashlib
+
+    shard = _plain_crawl(tmp_path)
+    report = _leakage(shard, tmp_path / "a", "--set", "crawl.sample=0.5", "--set", "crawl.seed=7")
+
+    # The definition, written out here: blake2b-64 of "seed \x1f shard \x1f id" over 2^64.
+    def drawn(doc_id: str) -> bool:
+        key = f"7\x1fcrawl.jsonl\x1f{doc_id}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64 < 0.5
+
+    want = sorted(f"p{i:03d}" for i in range(40) if drawn(f"p{i:03d}"))
+    assert 0 < len(want) < 40
+    assert report["crawl"]["documents"] == len(want) and report["crawl"]["sample"] == 0.5
+    assert sorted(_found(tmp_path / "a")["doc_id"]) == want  # every page has one e-mail
+    # Another seed draws other pages; the same seed with two scanners the same ones.
+    other = _leakage(shard, tmp_path / "b", "--set", "crawl.sample=0.5", "--set", "crawl.seed=8")
+    assert sorted(_found(tmp_path / "b")["doc_id"]) != want and other["crawl"]["documents"] > 0
+    _leakage(shard, tmp_path / "c", "--set", "crawl.sample=0.5", "--set", "crawl.seed=7",
+             "--set", "scan.workers=1", "--set", "scan.batch_size=3")  # fmt: skip
+    assert sorted(_found(tmp_path / "c")["doc_id"]) == want
+    with pytest.raises(SystemExit) as e:
+        main(["leakage", "--set", f"crawl.shards=[{shard}]", "--set", "crawl.sample=1.5"])
+    assert e.value.code != 0
+
+
+def test_the_scanners_write_the_rows_and_the_driver_only_sums_counts(ray_local, tmp_path, capfd):
+    shard = _plain_crawl(tmp_path, 30)
+    out = tmp_path / "out"
+    report = _leakage(shard, out, "--set", "scan.batch_size=4")
+    folder = out / "scan" / "crawl.jsonl"
+    docs = pd.concat([pd.read_parquet(p) for p in (folder / "documents").glob("*.parquet")])
+    # 30 pages in batches of 4: parts per batch, each page in one part.
+    assert len(list((folder / "documents").glob("*.parquet"))) >= 8
+    assert sorted(docs["doc_id"]) == [f"p{i:03d}" for i in range(30)]
+    assert report["crawl"]["documents"] == 30 and report["matches_total"] == 30
+    assert report["leakage_rate"]["pii"]["documents"] == 30
+    marker = json.loads((folder / ".complete.json").read_text())
+    assert marker["counts"]["documents"] == 30 and marker["counts"]["pii_types"] == {"email": 30}
+    assert "on 1 node(s)" in capfd.readouterr().err
+    # A pass that stopped before its marker: its parts go, the shard is scanned afresh.
+    (folder / ".complete.json").unlink()
+    (folder / "documents" / "part-stale.parquet").write_bytes(b"not parquet")
+    again = _leakage(shard, out, "--set", "scan.batch_size=4")
+    assert not (folder / "documents" / "part-stale.parquet").exists()
+    assert again["leakage_rate"] == report["leakage_rate"]
+
+
+def test_a_bad_record_mid_scan_is_one_clear_error(ray_local, tmp_path, capsys):
+    shard = _plain_crawl(tmp_path, 5)
+    with shard.open("a") as f:
+        f.write(json.dumps({"id": "bad", "text": ""}) + "\n")
+    args = ["leakage", "--set", f"crawl.shards=[{shard}]", "--set", "scan.workers=1",
+            "--set", "scan.names=false", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(args) == 2  # the input's fault, as every MiaError
+    err = capsys.readouterr().err
+    assert "document bad is empty (1 bad record(s) in this batch)" in err
+    assert "Traceback" not in err

@@ -271,9 +271,8 @@ def _run_leakage(cfg: AuditJobConfig, sub: LeakageJobConfig, run, d: Path, _scor
     """``leakage_rate`` (share of suspected files with personal data, Wilson interval) and
     ``pii_without_names``; with the model side, the audited model's ``output_rate`` and
     ``detection_rate`` per category; else ``eval_skipped`` says why."""
-    import pandas as pd
-
     from mia_ray.pipelines.leakage.evaluation import instances
+    from mia_ray.pipelines.leakage.scan import read_findings
 
     targets, skipped = list(sub.eval.targets), ""
     # The scan first: whether the model side has instances to ask about is known after it.
@@ -284,7 +283,7 @@ def _run_leakage(cfg: AuditJobConfig, sub: LeakageJobConfig, run, d: Path, _scor
             "eval.targets is empty (the local backend cannot load a model with "
             "model.revision, gguf_file or trust_remote_code as the audit does)"
         )
-    elif instances(sub, pd.read_parquet(d / "matches.parquet")).empty:
+    elif instances(sub, read_findings(d, list(report["shards"]))).empty:
         pool = max([sub.eval.shots, *sub.eval.few_shot_curve]) // 2
         skipped = (
             f"the scan found fewer than {pool + 1} instances of any category (the few-shot "

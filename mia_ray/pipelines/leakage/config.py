@@ -20,7 +20,7 @@ class CrawlConfig:
     """The corpus sample to scan. ``shards``: files or folders (``.jsonl``, ``.parquet``, or
     a folder of text files), one shard each; ``truth``: a ``planted.jsonl`` of known records
     (``category``, ``type``, ``shard``, ``doc_id``, ``start``, ``end``, ``ref``) that scores the
-    scan's precision and recall. ``demo: true`` builds the demo world's crawl and uses it
+    scan's precision and recall; ``sample``: a seeded share of the documents. ``demo: true`` builds the demo world's crawl and uses it
     (its shards, truth, the world's books as the copyright store, its benchmark)."""
 
     demo: bool = False
@@ -28,10 +28,18 @@ class CrawlConfig:
     truth: str = ""
     text_field: str = "text"
     id_field: str = "id"
+    # The share of documents the survey scans: each document is in when a hash of ``seed``,
+    # its shard and its id falls below it, so reruns and clusters of any size draw the same.
+    sample: float = 1.0
+    seed: int = 0
 
     def validate(self) -> None:
         if not self.demo and not self.shards:
             raise MiaError("crawl.shards is empty: give the corpus shards to scan (or crawl.demo)")
+        if not 0 < self.sample <= 1:
+            raise MiaError(
+                f"crawl.sample is the share of documents to scan, in (0, 1]; not {self.sample}"
+            )
 
 
 @dataclass
@@ -55,7 +63,7 @@ class ScanConfig:
     # scan (measured); 512 pages (~1 MB) keep that under 5 %
     batch_size: int = 512
     ci: float = 0.95
-    max_listed_matches: int = 500  # report.json lists this many; matches.parquet has all
+    max_listed_matches: int = 500  # report.json lists this many; scan/<shard>/findings/ has all
     shards_per_pass: int = 8  # shards per Ray Data pass: the actors start once per pass
     instance_words: int = 64  # = features.leaks.INSTANCE_WORDS; a text match's instance: its first N words (PII: its sentence)
 

@@ -8,9 +8,9 @@ from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import log
 from mia_ray.pipelines.leakage.config import LeakageJobConfig
 
-# Bumped when a scanned shard's rows change shape or meaning (2: the ``words`` column), so a
-# rerun rescans rather than read rows of another format.
-SCAN_FORMAT = 2
+# Bumped when a scanned shard's rows change shape or meaning (2: the ``words`` column; 3:
+# parts written by the scanners), so a rerun rescans rather than read rows of another format.
+SCAN_FORMAT = 3
 
 
 def resolve_inputs(cfg: LeakageJobConfig) -> LeakageJobConfig:

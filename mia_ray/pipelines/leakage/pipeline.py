@@ -10,8 +10,14 @@ from mia_ray.config import to_dict
 from mia_ray.features.leaks import CATEGORIES
 from mia_ray.pipelines.leakage.config import LeakageJobConfig
 from mia_ray.pipelines.leakage.inputs import check_paths, check_pool_fits, resolve_inputs
-from mia_ray.pipelines.leakage.rates import findings_of, leak_rates, score_against_truth
-from mia_ray.pipelines.leakage.scan import build_stores, scan_shards
+from mia_ray.pipelines.leakage.rates import rates_of_counts, score_against_truth
+from mia_ray.pipelines.leakage.scan import (
+    build_stores,
+    findings_at,
+    read_findings,
+    scan_shards,
+    spans_of,
+)
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
 
@@ -52,11 +58,13 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
     shards = check_paths(cfg)
     check_pool_fits(cfg)
     stores = build_stores(cfg, out)
-    docs = scan_shards(cfg, stores, out, shards)
-    found = findings_of(docs)
-    found.to_parquet(out / "matches.parquet", index=False)
-    spans = {"copyright": cfg.scan.copyright_span, "benchmark": cfg.scan.benchmark_span}
-    rates = leak_rates(docs, found, cfg.scan.ci, spans)
+    counts = scan_shards(cfg, stores, out, shards)
+    names = [name for name, _ in shards]
+    rates = rates_of_counts(counts, cfg.scan.ci, spans_of(cfg))
+    # The findings stay where the scanners wrote them; the driver reads them whole only for
+    # what needs them all (the model evaluation's instances, scoring a planted truth).
+    whole = bool(cfg.eval.targets or cfg.crawl.truth)
+    found = read_findings(out, names, None if whole else cfg.scan.max_listed_matches)
     truth = score_against_truth(found, cfg.crawl.truth) if cfg.crawl.truth else None
     leakage_rate: dict = {}
     for c in CATEGORIES:
@@ -74,11 +82,17 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
         from mia_ray.pipelines.leakage.evaluation import run_eval
 
         evaluation = run_eval(cfg, found, out)
-    scanned_mb = float(docs["bytes"].sum()) / 1e6
+    scanned_mb = sum(c["bytes"] for c in counts.values()) / 1e6
     report = {
         "pipeline": "leakage",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "crawl": {"shards": cfg.crawl.shards, "documents": len(docs), "megabytes": scanned_mb},
+        "crawl": {
+            "shards": cfg.crawl.shards,
+            "documents": rates["documents"],
+            "megabytes": scanned_mb,
+            "sample": cfg.crawl.sample,
+            "findings": findings_at(out),
+        },
         "leakage_rate": leakage_rate,
         "pii_types": rates["pii_types"],
         "pii_without_names": rates["pii_without_names"],
@@ -88,7 +102,7 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
         "matches": found.drop(columns=["instance_start", "instance"])
         .head(cfg.scan.max_listed_matches)
         .to_dict("records"),
-        "matches_total": len(found),
+        "matches_total": sum(c["findings"] for c in counts.values()),
         "config": to_dict(cfg),
         "runtime": {**describe(), "seconds": round(time.monotonic() - t0, 1)},
     }

@@ -30,50 +30,73 @@ def rate_of(k: int, n: int, ci: float) -> dict[str, Any]:
 def leak_rates(
     docs: pd.DataFrame, found: pd.DataFrame, ci: float, spans: dict[str, int] | None = None
 ) -> dict[str, Any]:
-    """Share of documents with at least one finding, per category, PII type and shard.
+    """:func:`rates_of_counts` of per-document rows (``shard``, ``doc_id``, ``words``,
+    ``bytes``) and their findings, counted by the scanners' own :func:`tally`."""
+    from mia_ray.features.leaks import tally
 
-    ``spans`` (category: words) makes a category's denominator the documents it could match
-    in: a text of fewer words than the span holds no window (the paper leaves texts under
-    300 words out). ``raw_rate`` divides by every document, as before; for PII the two agree.
+    by_doc: dict[tuple, list] = {}
+    for key, c, t in zip(zip(found["shard"], found["doc_id"], strict=True),
+                         found["category"], found["type"], strict=True):  # fmt: skip
+        by_doc.setdefault(key, []).append((c, t))
+    counts = {
+        shard: tally(
+            list(d["words"]),
+            list(d["bytes"]),
+            [by_doc.get((shard, i), []) for i in d["doc_id"]],
+            spans or {},
+        )  # fmt: skip
+        for shard, d in docs.groupby("shard", sort=True)
+    }
+    return rates_of_counts(counts, ci, spans)
+
+
+def rates_of_counts(
+    counts: dict[str, dict], ci: float, spans: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """Share of documents with at least one finding, per category, PII type and shard, from
+    each shard's :func:`~mia_ray.features.leaks.tally`.
+
+    A category's denominator is the documents it could match in (``eligible``: a text of
+    fewer words than the category's span in ``spans`` holds no window; the paper leaves
+    texts under 300 words out). ``raw_rate`` divides by every document, as before; for PII
+    the two agree.
     """
+    from mia_ray.features.leaks import add_counts
     from mia_ray.stats.metrics import wilson_interval
 
     spans = spans or {}
-    n = len(docs)
-    hit = {c: set(zip(*[found.loc[found["category"] == c, k] for k in ("shard", "doc_id")], strict=True)) for c in CATEGORIES}  # fmt: skip
 
-    def category_rate(c: str, d: pd.DataFrame) -> dict[str, Any]:
-        keys = set(zip(d["shard"], d["doc_id"], strict=True))
-        k = len(hit[c] & keys)
-        eligible = int((d["words"] >= spans[c]).sum()) if c in spans else len(d)
+    def category_rate(c: str, t: dict) -> dict[str, Any]:
+        k, n, eligible = t["hits"][c], t["documents"], t["eligible"][c]
         return {
             **rate_of(k, eligible, ci),
             "eligible": eligible,
             "min_words": spans.get(c, 0),
-            "raw_rate": k / len(d) if len(d) else 0.0,
-            "raw_ci": list(wilson_interval(k, len(d), ci)),
+            "raw_rate": k / n if n else 0.0,
+            "raw_ci": list(wilson_interval(k, n, ci)),
         }
 
+    total: dict = {}
+    for t in counts.values():
+        total = add_counts(total, t)
+    if not total:
+        from mia_ray.features.leaks import tally
+
+        total = tally([], [], [], spans)
+    n = total["documents"]
     out: dict[str, Any] = {"documents": n}
     for c in CATEGORIES:
-        out[c] = category_rate(c, docs)
-    pii = found[found["category"] == "pii"]
-    out["pii_types"] = {
-        t: rate_of(int(g[["shard", "doc_id"]].drop_duplicates().shape[0]), n, ci)
-        for t, g in pii.groupby("type")
-    }
-    regex = pii[pii["type"] != "person_name"]
-    out["pii_without_names"] = rate_of(
-        int(regex[["shard", "doc_id"]].drop_duplicates().shape[0]), n, ci
-    )
-    per_shard = {}
-    for shard, d in docs.groupby("shard"):
-        per_shard[shard] = {
-            "documents": len(d),
-            "bytes": int(d["bytes"].sum()),
-            **{c: category_rate(c, d) for c in CATEGORIES},
+        out[c] = category_rate(c, total)
+    out["pii_types"] = {t: rate_of(k, n, ci) for t, k in sorted(total["pii_types"].items())}
+    out["pii_without_names"] = rate_of(total["pii_without_names"], n, ci)
+    out["shards"] = {
+        shard: {
+            "documents": t["documents"],
+            "bytes": t["bytes"],
+            **{c: category_rate(c, t) for c in CATEGORIES},
         }
-    out["shards"] = per_shard
+        for shard, t in sorted(counts.items())
+    }
     return out
 
 

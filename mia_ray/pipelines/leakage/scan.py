@@ -1,12 +1,14 @@
-"""The scan: shingle stores of the copyright and benchmark texts (folder stages), the shards through a pool of LeakScanner actors, one frame stage per shard."""
+"""The scan: shingle stores of the copyright and benchmark texts (folder stages), then the shards streamed through a pool of LeakScanner actors that write their findings; one folder stage per shard."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pandas as pd
 
+from mia_ray import storage
 from mia_ray.actors.scanner import LeakScanner
 from mia_ray.errors import MiaError
 from mia_ray.models.identity import tree_sha256
@@ -108,27 +110,20 @@ def store_urls(stores: dict[str, str]) -> dict[str, str]:
     return {c: ws.url(path) for c, path in stores.items()}
 
 
-def scan_dataset(cfg: LeakageJobConfig, stores: dict[str, str], todo):
-    """The Ray dataset of one pass: the shards in ``todo`` (``(name, path)``; each read,
-    labelled and materialized here) streamed through one pool of ``scan.workers`` scanner actors
-    (lazy: nothing is scanned until it is consumed). Its rows are :class:`LeakScanner`'s."""
+def scan_dataset(cfg: LeakageJobConfig, stores: dict[str, str], todo, write_to: str):
+    """The Ray dataset of one pass (lazy: nothing is read or scanned until it is consumed):
+    the shards in ``todo`` (``(name, source)``) read by one read operator
+    (:func:`~mia_ray.data.readers.read_shards`) and streamed through one pool of
+    ``scan.workers`` scanner actors, which write their findings under ``write_to`` (a storage
+    URL) and return counts (:meth:`LeakScanner.write`)."""
     import ray
 
-    from mia_ray.data.readers import read_documents
+    from mia_ray.data.readers import read_shards
     from mia_ray.runtime import ray_options
 
-    s = cfg.scan
-    # The scan streams from one materialized input of every shard's labelled blocks: a lazy
-    # union of per-shard operators made the driver's executor loop (on the actors' cores) cost
-    # the actor a quarter of its time on 32 shards (measured). The labelling runs for all the
-    # shards in one parallel pass.
-    labelled = [
-        read_documents(shard, text_field=cfg.crawl.text_field, id_field=cfg.crawl.id_field)
-        .select_columns(["doc_id", "text"])
-        .map_batches(with_shard, fn_kwargs={"name": name}, batch_format="pyarrow")
-        for name, shard in todo
-    ]
-    ds = (labelled[0].union(*labelled[1:]) if len(labelled) > 1 else labelled[0]).materialize()
+    s, c = cfg.scan, cfg.crawl
+    sample = (c.sample, str(c.seed)) if c.sample < 1 else None
+    ds = read_shards(todo, text_field=c.text_field, id_field=c.id_field, sample=sample)
     return ds.map_batches(
         LeakScanner,
         fn_constructor_kwargs={
@@ -136,6 +131,8 @@ def scan_dataset(cfg: LeakageJobConfig, stores: dict[str, str], todo):
             "pii_types": s.pii_types,
             "names": s.names,
             "instance_words": s.instance_words,
+            "spans": spans_of(cfg),
+            "write_to": write_to,
         },
         compute=ray.data.ActorPoolStrategy(size=s.workers),
         **ray_options(cfg.resources, s.cpus_per_worker),
@@ -144,61 +141,127 @@ def scan_dataset(cfg: LeakageJobConfig, stores: dict[str, str], todo):
     )
 
 
-def with_shard(batch, name: str):
-    import pyarrow as pa
+def spans_of(cfg: LeakageJobConfig) -> dict[str, int]:
+    """Words a text needs for each text category to match in it."""
+    return {"copyright": cfg.scan.copyright_span, "benchmark": cfg.scan.benchmark_span}
 
-    return batch.append_column("shard", pa.array([name] * batch.num_rows, pa.large_string()))
 
+def scan_pass(cfg: LeakageJobConfig, stores: dict[str, str], todo, out: Path, keys) -> dict:
+    """One streaming Ray Data pass over the shards in ``todo`` through one scanner pool (the
+    actors load the stores once per pass). The scanners write each shard's rows into the
+    run's storage (``scan/<shard>/``); the driver only sums their counts, and writes each
+    shard's marker (with its counts) when the pass has ended."""
+    from mia_ray.errors import find_mia_error
+    from mia_ray.features.leaks import add_counts, tally
+    from mia_ray.stages import commit, recorded
 
-def scan_pass(
-    cfg: LeakageJobConfig, stores: dict[str, str], todo, out: Path, keys
-) -> dict[str, pd.DataFrame]:
-    """One Ray Data pass over the shards in ``todo`` through one scanner pool (the actors
-    load the stores once per pass); each shard's rows are its stage ``scan/<shard>``,
-    written when the pass ends."""
-    from mia_ray.stages import save_frame
-
-    t0 = time.monotonic()
-    res = scan_dataset(cfg, stores, todo)
+    ws = storage.workspace_of(out)
+    base = storage.inside(out / "scan", ws.local)
+    counts = {name: tally([], [], [], spans_of(cfg)) for name, _ in todo}
+    nodes: set[str] = set()
+    t0 = last = time.monotonic()
     log(f"scanning {len(todo)} shard(s) with {cfg.scan.workers} scanner actor(s)")
-    df = res.to_pandas()
+    try:
+        res = scan_dataset(cfg, stores, todo, ws.url(base))
+        for batch in res.iter_batches(batch_format="pyarrow", batch_size=None):
+            for shard, got, node in zip(*(batch.column(k).to_pylist() for k in ("shard", "counts", "node")), strict=True):  # fmt: skip
+                counts[shard] = add_counts(counts[shard], json.loads(got))
+                nodes.add(node)
+            if time.monotonic() - last > 10:
+                last = time.monotonic()
+                mb = sum(c["bytes"] for c in counts.values()) / 1e6
+                log(f"scanned {mb:.1f} MB so far ({mb / (last - t0):.1f} MB/s)")
+    except Exception as e:
+        err = find_mia_error(e)
+        if err is None:
+            raise
+        raise MiaError(str(err.args[0] if err.args else err).splitlines()[0]) from None
     dt = time.monotonic() - t0
-    got = {}
     for name, _ in todo:
-        part = df[df["shard"] == name].sort_values("doc_id").reset_index(drop=True)
-        got[name] = save_frame(out, f"scan/{name}", keys[name], part)  # a rerun skips it
-        log(f"shard {name}: {len(part)} documents, {part['bytes'].sum() / 1e6:.2f} MB")
+        # Last: a shard with a marker for its key holds every part of this pass.
+        commit(ws.storage, f"{base}/{name}", keys[name], "folder", {"counts": counts[name]})
+        recorded(out, f"scan/{name}", keys[name], "folder", reused=False)
+        c = counts[name]
+        log(f"shard {name}: {c['documents']} documents, {c['bytes'] / 1e6:.2f} MB")
+    n, mb = sum(c["documents"] for c in counts.values()), sum(c["bytes"] for c in counts.values())
     log(
-        f"scanned {len(df)} documents, {df['bytes'].sum() / 1e6:.2f} MB in {dt:.1f} s "
-        f"({len(df) / max(dt, 1e-9):.0f} documents/s)"
+        f"scanned {n} documents, {mb / 1e6:.2f} MB in {dt:.1f} s ({mb / 1e6 / max(dt, 1e-9):.1f} "
+        f"MB/s) on {len(nodes)} node(s)"
     )
-    return got
+    return counts
 
 
-def scan_shards(
-    cfg: LeakageJobConfig, stores: dict[str, str], out: Path, shards: list
-) -> pd.DataFrame:
+def scan_shards(cfg: LeakageJobConfig, stores: dict[str, str], out: Path, shards: list) -> dict:
     """Every shard not scanned before, ``scan.shards_per_pass`` at a time through one scanner
-    pool each; one parquet file per shard, so a rerun (or a resumed run) skips finished ones."""
+    pool each; returns each shard's counts (:func:`~mia_ray.features.leaks.tally`). A shard
+    is a stage ``scan/<shard>`` in the run's storage, so a rerun (or a resumed run, on any
+    driver) skips the finished ones."""
     s, c = cfg.scan, cfg.crawl
-    from mia_ray.stages import reuse_frame, stage_key
+    from mia_ray.stages import done, recorded, stage_key
 
     # Everything a shard's rows depend on: the stores (by their stages' keys; not their
     # folder, so a new driver whose --out is elsewhere resumes), the scanner's settings and
-    # row format, the fields read, the shard's bytes.
+    # row format, the fields read, the sample, the shard's bytes.
     names = {category: stage_key(Path(path).parent) for category, path in stores.items()}
     key = fingerprint(
-        SCAN_FORMAT, names, sorted(s.pii_types), s.names, s.instance_words,
-        c.text_field, c.id_field,
+        SCAN_FORMAT, names, sorted(s.pii_types), s.names, s.instance_words, spans_of(cfg),
+        c.text_field, c.id_field, c.sample, c.seed if c.sample < 1 else 0,
     )  # fmt: skip
-    keys, frames, todo = {}, {}, []
+    ws = storage.workspace_of(out)
+    base = storage.inside(out / "scan", ws.local)
+    keys, counts, todo = {}, {}, []
     for name, shard in shards:
         keys[name] = fingerprint(key, shard.identity())
-        reused = f"shard {name}: reusing the earlier scan"
-        frames[name] = reuse_frame(out, f"scan/{name}", keys[name], reused)
-        if frames[name] is None:
+        got = done(ws.storage, f"{base}/{name}", keys[name])
+        if got is not None:
+            counts[name] = got["counts"]
+            recorded(out, f"scan/{name}", keys[name], "folder", reused=True)
+            log(f"shard {name}: reusing the earlier scan")
+        else:
+            ws.storage.delete(f"{base}/{name}")  # parts of an unfinished pass, or another key's
             todo.append((name, shard))
     step = max(1, s.shards_per_pass)
     for first in range(0, len(todo), step):
-        frames.update(scan_pass(cfg, stores, todo[first : first + step], out, keys))
-    return pd.concat([frames[name] for name, _ in shards], ignore_index=True)
+        counts.update(scan_pass(cfg, stores, todo[first : first + step], out, keys))
+    return {name: counts[name] for name, _ in shards}
+
+
+def read_findings(out: Path, shards: list[str], limit: int | None = None) -> pd.DataFrame:
+    """The findings the scanners wrote for ``shards`` (from the run's storage), in one order
+    whatever order the parts were written in: by shard as listed, then document id;
+    ``limit``: at most that many rows, from the first parts, for a report's sample."""
+    import pyarrow.parquet as pq
+
+    from mia_ray.actors.scanner import FINDING_COLUMNS
+
+    ws = storage.workspace_of(out)
+    base = storage.inside(out / "scan", ws.local)
+    frames, rows = [], 0
+    for name in shards:
+        rel = f"{base}/{name}/findings"
+        for part in sorted(ws.storage.files(rel)):
+            with ws.storage.fs.open_input_file(ws.storage.path(f"{rel}/{part}")) as f:
+                frames.append(pq.read_table(f).to_pandas())
+            rows += len(frames[-1])
+            if limit is not None and rows >= limit:
+                break
+        if limit is not None and rows >= limit:
+            break
+    cols = ["shard", "doc_id", *FINDING_COLUMNS]
+    if not frames:
+        return pd.DataFrame({c: [] for c in cols})
+    found = pd.concat(frames, ignore_index=True)[cols]
+    # A document's findings sit together in one part, in the scanner's order: a stable sort
+    # by shard (as listed) and document keeps them so.
+    rank = found["shard"].map({name: i for i, name in enumerate(shards)})
+    order = pd.DataFrame({"rank": rank, "doc_id": found["doc_id"]}).sort_values(
+        ["rank", "doc_id"], kind="stable"
+    )
+    found = found.loc[order.index]
+    return found.reset_index(drop=True).head(limit)
+
+
+def findings_at(out: Path) -> str:
+    """Where the findings of a run's shards are (a path or a URL without credentials)."""
+    ws = storage.workspace_of(out)
+    return storage.redact(ws.url(storage.inside(out / "scan", ws.local))) + "/<shard>/findings/"
