@@ -86,43 +86,6 @@ def _reference_scanner():
     return ref
 
 
-def _host_gauge(cfg, stores: dict[str, str], mb: float = 2.0) -> dict:
-    """This host's speed for scanning code that does not change: the frozen reference scanner
-    (and, beside it, ``LeakScanner`` 64 pages a call, as the scanner-core section runs them)
-    on the crawl's first ``mb`` MB, best of 2 interleaved rounds. Its MB/s set beside the
-    scanner-core section's (the same kind of pages, in its own run) say how fast this host
-    runs Python today, for the absolute rates in this section."""
-    import pandas as pd
-
-    from mia_ray.actors.scanner import LeakScanner
-    from mia_ray.features.shingles import ShingleStore
-
-    ref = _reference_scanner()
-    df = pd.read_json(cfg.crawl.shards[0], lines=True, dtype={"id": str})
-    nbytes = df["text"].str.encode("utf-8").str.len()
-    first = nbytes.cumsum() <= mb * 1e6
-    df, size = df[first], nbytes[first].sum() / 1e6
-    loaded = {c: ShingleStore.load(p) for c, p in stores.items()}
-    scanner = LeakScanner(stores, cfg.scan.pii_types, cfg.scan.names, cfg.scan.instance_words)
-    batches = [
-        pd.DataFrame({"doc_id": df["id"].iloc[i : i + 64], "shard": "s",
-                      "text": df["text"].iloc[i : i + 64]})
-        for i in range(0, len(df), 64)
-    ]  # fmt: skip
-    scanner(batches[0])  # builds the Hyperscan database and the view table
-    old_s, new_s = [], []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        for text in df["text"]:
-            ref.scan_document(text, loaded)
-        old_s.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for b in batches:
-            scanner(b)
-        new_s.append(time.perf_counter() - t0)
-    return {"mb": size, "reference_mbs": size / min(old_s), "scanner_mbs": size / min(new_s)}
-
-
 def scanner_core(mb: float, rounds: int) -> str:
     """One scanner on one core vs the reference scanner, on ``mb`` MB of pages at two densities
     (the dense default and the demo crawl's one record per ten pages); a Markdown section."""
@@ -188,36 +151,49 @@ def scanner_core(mb: float, rounds: int) -> str:
     )
 
 
-CRAWL_FORMAT = 1  # bumped when write_crawl's files change, so a --crawl-dir is rewritten
+CRAWL_FORMAT = 2  # bumped when write_crawl's files change, so a --crawl-dir is rewritten
 
 
 def write_crawl(mb: float, seed: int, shards: int, folder: Path) -> tuple[dict, bool]:
-    """``folder/shards/part-NNN.jsonl`` (``id``, ``text``: ``scanner_sample(mb, seed)``'s
-    pages, in order, split into ``shards`` runs) and ``folder/copyright.jsonl`` (its reference
-    scenes); ``folder/crawl.json`` says what they are. A folder that already holds this
-    crawl is reused as it is: returns ``(meta, reused)``."""
+    """The same pages (``scanner_sample(mb, seed)``, in order, split into ``shards`` runs)
+    twice, as corpora ship them: ``folder/zst/part-NNN.jsonl.zst`` (``id``, ``text``) and
+    ``folder/wet/part-NNN.warc.wet.gz`` (Common Crawl WET: one gzip member per record); and
+    ``folder/copyright.jsonl`` (its reference scenes); ``folder/crawl.json`` says what they
+    are. A folder that already holds this crawl is reused as it is: returns ``(meta, reused)``."""
     import shutil
 
+    import pyarrow as pa
+
+    from mia_ray.demo.crawl import write_wet
+
     want = {"format": CRAWL_FORMAT, "mb": mb, "seed": seed, "shards": shards}
-    meta_path, shard_dir = folder / "crawl.json", folder / "shards"
+    meta_path = folder / "crawl.json"
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
-        names = [shard_dir / n for n in meta.get("files", [])]
+        names = [folder / n for n in meta.get("files", [])]
         if {k: meta.get(k) for k in want} == want and names and all(p.is_file() for p in names):
             return meta, True
         meta_path.unlink()
-        shutil.rmtree(shard_dir, ignore_errors=True)  # ours: crawl.json was beside it
-    elif shard_dir.exists():
-        raise SystemExit(f"{shard_dir} exists and is not a crawl this bench wrote: pick another")
+        for sub in ("zst", "wet"):
+            shutil.rmtree(folder / sub, ignore_errors=True)  # ours: crawl.json was beside them
+    elif (folder / "zst").exists() or (folder / "wet").exists():
+        raise SystemExit(f"{folder} holds shards this bench did not write: pick another")
     t0 = time.perf_counter()
     pages, refs = scanner_sample(mb, seed=seed)
-    shard_dir.mkdir(parents=True)
     files = []
+    for sub in ("zst", "wet"):
+        (folder / sub).mkdir(parents=True)
     for k in range(shards):
-        name = f"part-{k:03d}.jsonl"
-        with (shard_dir / name).open("w", encoding="utf-8") as f:
-            for doc_id, text in pages[k * len(pages) // shards : (k + 1) * len(pages) // shards]:
-                f.write(json.dumps({"id": doc_id, "text": text}, ensure_ascii=False) + "\n")
+        part = pages[k * len(pages) // shards : (k + 1) * len(pages) // shards]
+        name = f"zst/part-{k:03d}.jsonl.zst"
+        lines = "".join(
+            json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n" for i, t in part
+        )
+        with pa.CompressedOutputStream(str(folder / name), "zstd") as f:
+            f.write(lines.encode())
+        files.append(name)
+        name = f"wet/part-{k:03d}.warc.wet.gz"
+        write_wet([{"id": i, "text": t} for i, t in part], folder / name)
         files.append(name)
     with (folder / "copyright.jsonl").open("w", encoding="utf-8") as f:
         for ref_id, text in refs:
@@ -227,6 +203,9 @@ def write_crawl(mb: float, seed: int, shards: int, folder: Path) -> tuple[dict, 
         "files": files,
         "pages": len(pages),
         "bytes": sum(len(t.encode()) for _, t in pages),
+        "on_disk": {
+            sub: sum(p.stat().st_size for p in (folder / sub).iterdir()) for sub in ("zst", "wet")
+        },
         "references": len(refs),
         "seconds": round(time.perf_counter() - t0, 1),
     }
@@ -234,71 +213,86 @@ def write_crawl(mb: float, seed: int, shards: int, folder: Path) -> tuple[dict, 
     return meta, False
 
 
-_ROW_COLUMNS = ["shard", "doc_id", "chars", "bytes", "words", "findings"]
-
-
-def _rows(df) -> list:
-    """A scan's rows in one order, as plain values (dtypes differ after Arrow, values not)."""
-    return df.sort_values(["shard", "doc_id"])[_ROW_COLUMNS].values.tolist()
-
-
-def _timed(batches) -> dict:
-    """Consume ``batches`` (scanned rows) and time them: start-up until the first arrives,
-    steady state from the first to the last (the MB after the first, over that time)."""
-    import pandas as pd
-
-    t0 = time.perf_counter()
-    got, stamps = [], []
-    for b in batches:
-        stamps.append((time.perf_counter(), int(b["bytes"].sum())))
-        got.append(b)
-    end = time.perf_counter()
-    first, last = stamps[0][0], stamps[-1][0]
-    after = sum(n for _, n in stamps[1:]) / 1e6
-    return {
-        "startup_s": first - t0,
-        "steady_s": last - first,
-        "steady_mbs": after / (last - first) if last > first else float("nan"),
-        "scan_s": end - t0,
-        "results": len(stamps),
-        "docs": pd.concat(got, ignore_index=True),
-    }
-
-
-def _in_process(cfg, stores: dict[str, str], batch: int) -> dict:
-    """The same shards through one ``LeakScanner`` in this process (no Ray), batch by batch."""
+def _in_process(folder: Path, stores: dict[str, str], batch: int) -> dict:
+    """The scanner's own steady state: the zst shards read into memory first (not timed),
+    then through one ``LeakScanner`` in this process (no Ray), batch by batch; MB/s after
+    the first batch (which builds the Hyperscan database)."""
     import pandas as pd
 
     from mia_ray.actors.scanner import LeakScanner
 
+    frames = [pd.read_json(p, lines=True, dtype={"id": str}, compression="zstd")
+              for p in sorted((folder / "zst").glob("*.jsonl.zst"))]  # fmt: skip
+    scanner = LeakScanner(stores, [], True, 64)
+    stamps = []
     t0 = time.perf_counter()
-    frames = []
-    for shard in cfg.crawl.shards:
-        df = pd.read_json(shard, lines=True, dtype={"id": str})
-        frames.append(pd.DataFrame({"doc_id": df["id"], "shard": Path(shard).name,
-                                    "text": df["text"]}))  # fmt: skip
-    read_s = time.perf_counter() - t0
+    for df in frames:
+        for i in range(0, len(df), batch):
+            part = df.iloc[i : i + batch]
+            rows = scanner(pd.DataFrame({"doc_id": part["id"], "shard": "s", "text": part["text"]}))
+            stamps.append((time.perf_counter(), int(rows["bytes"].sum())))
+    first, last = stamps[0][0], stamps[-1][0]
+    return {
+        "startup_s": first - t0,
+        "steady_mbs": sum(n for _, n in stamps[1:]) / 1e6 / (last - first),
+    }
 
-    def batches():
-        scanner = LeakScanner(stores, cfg.scan.pii_types, cfg.scan.names, cfg.scan.instance_words)
-        for df in frames:
-            for i in range(0, len(df), batch):
-                yield scanner(df.iloc[i : i + batch])
 
-    return {"read_s": read_s, **_timed(batches())}
+def _read_only(folder: Path, sub: str) -> dict:
+    """Read and decompress alone: the pipeline's reader (``read_shards``) over every shard of
+    one format, rows counted and dropped, on one read task at a time (``concurrency=1``
+    read-sized: the per-core read rate)."""
+    import ray
+
+    from mia_ray.data.readers import read_shards
+    from mia_ray.data.sources import shard_sources
+
+    shards = shard_sources([str(folder / sub / "*")])
+    t0 = time.perf_counter()
+    ds = read_shards(shards)
+    n = nbytes = 0
+    for b in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+        n += b.num_rows
+        nbytes += sum(len(t.encode()) for t in b.column("text").to_pylist())
+    ray.shutdown()
+    return {"s": time.perf_counter() - t0, "docs": n, "mb": nbytes / 1e6}
+
+
+def _job(folder: Path, sub: str, shards: list[str], workers: int, cpw: float, out: Path) -> dict:
+    """``python -m mia_ray leakage`` on ``shards`` of one format, as a user runs it: wall
+    seconds from the command to the report, and the scan line's own pass seconds."""
+    import re
+    import subprocess
+
+    listed = "[" + ", ".join(str(folder / sub / n) for n in shards) + "]"
+    argv = [sys.executable, "-m", "mia_ray", "leakage", "--set", f"crawl.shards={listed}",
+            "--set", f"scan.copyright=[{folder / 'copyright.jsonl'}]",
+            "--set", "scan.copyright_span=300", "--set", f"scan.workers={workers}",
+            "--set", f"scan.cpus_per_worker={cpw:g}", "--set", "scan.shards_per_pass=1000",
+            "--set", "eval.targets=[]", "--out", str(out)]  # fmt: skip
+    t0 = time.perf_counter()
+    r = subprocess.run(
+        argv, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]
+    )
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"leakage job failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    m = re.search(r"scanned (\d+) documents, ([\d.]+) MB in ([\d.]+) s", r.stderr)
+    report = json.loads((out / "report.json").read_text())
+    return {"wall_s": wall, "pass_s": float(m.group(3)), "mb": float(m.group(2)),
+            "docs": int(m.group(1)), "report": report}  # fmt: skip
 
 
 def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_worker: float) -> str:
-    """The pipeline's scanning pass (``leakage.scan.scan_dataset``: shards read with Ray Data,
-    streamed through the ``LeakScanner`` actor pool) over a crawl of ``mb`` MB with 1 and
-    then 2 actors, and one in-process scanner beside them; a Markdown section."""
+    """The whole leakage job, from the command to the report, on a crawl of ``mb`` MB as
+    ``.jsonl.zst`` and as WET, with 1 and 2 scanner actors; beside it the scanner's steady
+    state and the reader's read-and-decompress rate; a Markdown section."""
+    import shutil
+
     import ray
 
-    from mia_ray.pipelines.leakage import inputs as leak_inputs
-    from mia_ray.pipelines.leakage import rates as leak_rates
     from mia_ray.pipelines.leakage import scan as leak_scan
     from mia_ray.pipelines.leakage.config import LeakageJobConfig
-    from mia_ray.runtime import configure_data_context
 
     load_before = os.getloadavg()
     folder = Path(crawl_dir or tempfile.mkdtemp(prefix="leakage-crawl-"))
@@ -310,146 +304,104 @@ def crawl_bench(mb: float, seed: int, shards: int, crawl_dir: str, cpus_per_work
         if reused
         else f"generated in {meta['seconds']:.0f} s"
     )
-    print(f"crawl: {meta['pages']} pages, {size:.1f} MB in {shards} shards, {made}", flush=True)
-
-    # Ray starts its workers 15 nice levels below the driver: harmless on an idle machine,
-    # but beside other work it would slow the actors, not the in-process scanner, and skew
-    # the comparison. Here they run at the driver's priority.
+    print(
+        f"crawl: {meta['pages']} pages, {size:.1f} MB in {shards} shards per format, {made}",
+        flush=True,
+    )
+    work = Path(tempfile.mkdtemp(prefix="leakage-crawl-work-"))
     ray.init(address="local", num_cpus=2, include_dashboard=False,
-             _node_ip_address="127.0.0.1", logging_level="WARNING",
-             _system_config={"worker_niceness": 0})  # fmt: skip
-    configure_data_context(no_progress_timeout_s=1800, progress=False)
+             _node_ip_address="127.0.0.1", logging_level="WARNING")  # fmt: skip
     cfg = LeakageJobConfig()
-    cfg.crawl.shards = [str(folder / "shards" / n) for n in meta["files"]]
     cfg.scan.copyright = [str(folder / "copyright.jsonl")]
     cfg.scan.copyright_span = 300
-    cfg.scan.cpus_per_worker = cpus_per_worker
-    cfg.scan.shards_per_pass = len(cfg.crawl.shards)  # one pass: the actors start once
-    cfg.eval.targets = []  # the scan only
-    cfg.validate()
-    shards = leak_inputs.check_paths(cfg)
-    work = Path(tempfile.mkdtemp(prefix="leakage-crawl-work-"))
-    t0 = time.perf_counter()
-    stores = leak_scan.build_stores(cfg, work)
-    t_store = time.perf_counter() - t0
-
-    runs = []
-    inproc = _in_process(cfg, stores, cfg.scan.batch_size)
-    runs.append({"label": "in-process scanner, no Ray", "cores": 1, **inproc})
-    print(f"in-process: {inproc['steady_mbs']:.1f} MB/s steady", flush=True)
-    gauge = _host_gauge(cfg, stores)
-    print(f"host gauge: reference scanner {gauge['reference_mbs']:.2f} MB/s", flush=True)
-    todo = shards
-    for workers in (1, 2):
-        c = copy.deepcopy(cfg)
-        c.scan.workers = workers
-        timed = []
-        # Rows reach the driver in bursts, so their arrival times do not show the scan rate:
-        # a pass over half the shards, then one over all; the extra MB over the extra time is
-        # the steady state, and the start-up (the intercept) cancels out.
-        for part in (todo[: len(todo) // 2], todo):
-            t0 = time.perf_counter()
-            ds = leak_scan.scan_dataset(c, stores, part)  # reads (materializes) every shard
-            read_s = time.perf_counter() - t0
-            timed.append({"read_s": read_s, **_timed(ds.iter_batches(batch_format="pandas",
-                                                                     batch_size=None))})  # fmt: skip
-        half, r = timed
-        mb_half, mb_all = half["docs"]["bytes"].sum() / 1e6, r["docs"]["bytes"].sum() / 1e6
-        r["steady_s"] = r["scan_s"] - half["scan_s"]
-        r["steady_mbs"] = (mb_all - mb_half) / r["steady_s"]
-        r["startup_s"] = half["scan_s"] - mb_half / r["steady_mbs"]
-        label = f"Ray Data, {workers} scanner actor{'s' if workers > 1 else ''}"
-        runs.append({"label": label, "cores": workers, **r})
-        print(f"{label}: read {r['read_s']:.1f} s, start-up {r['startup_s']:.1f} s, "
-              f"{r['steady_mbs']:.1f} MB/s steady", flush=True)  # fmt: skip
+    stores = leak_scan.build_stores(cfg, work / "stores")
+    inproc = _in_process(folder, stores, cfg.scan.batch_size)
     ray.shutdown()
-    import shutil
-
+    print(f"scanner steady state: {inproc['steady_mbs']:.1f} MB/s", flush=True)
+    reads = {}
+    for sub in ("zst", "wet"):
+        ray.init(address="local", num_cpus=1, include_dashboard=False,
+                 _node_ip_address="127.0.0.1", logging_level="WARNING")  # fmt: skip
+        reads[sub] = _read_only(folder, sub)
+        print(f"read {sub}: {reads[sub]['mb'] / reads[sub]['s']:.1f} MB/s on 1 CPU", flush=True)
+    names = {sub: sorted(p.name for p in (folder / sub).iterdir()) for sub in ("zst", "wet")}
+    rows, reports = [], {}
+    for sub in ("zst", "wet"):
+        for workers in (1, 2):
+            half = _job(
+                folder,
+                sub,
+                names[sub][: shards // 2],
+                workers,
+                cpus_per_worker,
+                work / f"{sub}{workers}h",
+            )
+            full = _job(folder, sub, names[sub], workers, cpus_per_worker, work / f"{sub}{workers}")
+            rate = (full["mb"] - half["mb"]) / (full["wall_s"] - half["wall_s"])
+            pass_rate = (full["mb"] - half["mb"]) / (full["pass_s"] - half["pass_s"])
+            rows.append({"format": sub, "workers": workers, "wall_s": full["wall_s"],
+                         "pass_s": full["pass_s"], "rate": rate, "pass_rate": pass_rate,
+                         "startup_s": full["wall_s"] - full["mb"] / rate})  # fmt: skip
+            reports[(sub, workers)] = full["report"]
+            print(f"{sub}, {workers} actor(s): job {full['wall_s']:.1f} s, {rate:.1f} MB/s incremental, "
+                  f"pass {pass_rate:.1f} MB/s", flush=True)  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
-    if not crawl_dir:  # a crawl of its own: gone with the run (--crawl-dir keeps it)
+    if not crawl_dir:
         shutil.rmtree(folder, ignore_errors=True)
-
-    want = _rows(runs[0]["docs"])
-    same = [_rows(r["docs"]) == want for r in runs[1:]]
-    found = leak_rates.findings_of(runs[1]["docs"])
-    kinds = found.assign(kind=found["category"].where(found["type"] != "person_name", "names"))
-    counts = kinds["kind"].value_counts()
-    n_docs = len(runs[1]["docs"])
-    for r in runs:
-        r["total_s"] = r["read_s"] + r["scan_s"]
-    inp, one, two = runs
+    keys = ("leakage_rate", "pii_types", "pii_without_names", "matches_total")
+    first = reports[("zst", 1)]
+    # WET pages have other ids (WARC-Record-ID) and shard names: the rates, not the rows.
+    same = all({k: r[k] for k in keys} == {k: first[k] for k in keys} for r in reports.values())
+    steady = inproc["steady_mbs"]
     table = [
-        f"| {r['label']} | {r['cores']} | {r['read_s']:.1f} | {r['startup_s']:.1f} | "
-        f"{r['steady_s']:.1f} | {r['total_s']:.1f} | {size / r['total_s']:.1f} | "
-        f"**{r['steady_mbs']:.1f}** | **{r['steady_mbs'] / r['cores']:.1f}** |"
-        for r in runs
+        f"| {'.jsonl.zst' if r['format'] == 'zst' else 'WET (.warc.wet.gz)'} | {r['workers']} | "
+        f"{r['wall_s']:.1f} | {size / r['wall_s']:.1f} | {r['startup_s']:.1f} | "
+        f"**{r['rate']:.1f}** | **{r['rate'] / r['workers']:.1f}** | {r['pass_rate']:.1f} | "
+        f"{100 * r['rate'] / r['workers'] / steady:.0f} % |"
+        for r in rows
     ]
-    steady_ratio = two["steady_mbs"] / one["steady_mbs"]
     load_after = os.getloadavg()
-    cores = os.cpu_count() or 1
-    # The load after the run is mostly the run's own: only the load before it tells of other work.
-    busy = (
-        f" Other work ran on the machine before the run (load average {load_before[0]:.1f} on "
-        f"{cores} cores): every figure may be lower than on an idle machine, and the ratios "
-        "carry that noise."
-        if load_before[0] > cores / 2
-        else ""
-    )
+    zst_read = reads["zst"]["mb"] / reads["zst"]["s"]
+    wet_read = reads["wet"]["mb"] / reads["wet"]["s"]
     return "\n".join(
         [
-            f"## Leakage scanner on a {mb:g} MB crawl: MB/s per core with 1 and 2 scanner actors",
+            f"## Leakage survey end to end on a {mb:g} MB crawl: from the command to the report",
             "",
             f"`python bench/leakage_bench.py --crawl {mb:g}` on {platform.machine()}, "
-            f"{os.cpu_count()} CPUs, local Ray with `num_cpus=2`, {time.strftime('%Y-%m-%d')}; "
-            f"load average {load_before[0]:.1f} before and {load_after[0]:.1f} after the run. "
-            f"The crawl: {meta['pages']:,} pages, {size:.1f} MB in {shards} jsonl shards, "
-            f"`scanner_sample({mb:g}, seed={seed})` (Wikipedia leads, some Shakespeare scenes, "
-            "planted records of the 20 PII types and person names in 4 of 7 pages, 3 % with a "
-            f"300-600-word span of one of the {meta['references']} scenes of the copyright "
-            f"store), {made}; not part of any figure below. Copyright store built in "
-            f"{t_store:.1f} s (span 300). All three runs scan the same shards one after "
-            "another in one process. *Ray Data*: the pipeline's own pass "
-            "(`leakage.scan.scan_dataset`: every shard read with `read_documents` and labelled "
-            "with its name, all materialized in one Ray Data pass, then streamed through the "
-            "`LeakScanner` actor pool; "
-            f"`scan.shards_per_pass` {len(todo)}, so the pool starts once; "
-            f"`scan.cpus_per_worker` {cpus_per_worker:g}, `scan.batch_size` "
-            f"{cfg.scan.batch_size}), its rows consumed on the driver as they arrive. "
-            "*In-process*: one `LeakScanner` in the driver on the same shards, "
-            f"{cfg.scan.batch_size} pages a call. Ray's workers run at the driver's priority "
-            "(`worker_niceness` 0 instead of Ray's 15, which would matter only beside other "
-            "work). Read: the shards into the object store. In-process, start-up is until the "
-            "first batch is scanned and the "
-            "steady state is the MB after it over the seconds after it. Through Ray, where "
-            "scanned rows reach the driver in bursts, each pool runs twice, on the first half "
-            "of the shards and on all: the steady state is the extra MB over the extra "
-            "seconds (the steady-state s column), and start-up (actors start, load the "
-            "store, build the Hyperscan database) is the intercept.",
+            f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}; load average "
+            f"{load_before[0]:.1f} before and {load_after[0]:.1f} after the run. The crawl: "
+            f"{meta['pages']:,} pages, {size:.1f} MB of text, `scanner_sample({mb:g}, "
+            f"seed={seed})` (Wikipedia leads, some Shakespeare scenes, planted records of the 20 "
+            "PII types and person names in 4 of 7 pages, 3 % with a 300-600-word span of one of "
+            f"the {meta['references']} scenes of the copyright store), written twice as corpora "
+            f"ship: {shards} `.jsonl.zst` shards ({meta['on_disk']['zst'] / 1e6:.0f} MB on disk) "
+            f"and {shards} Common Crawl WET files ({meta['on_disk']['wet'] / 1e6:.0f} MB, one "
+            f"gzip member per record), {made}. Each row is the user's command, `python -m "
+            "mia_ray leakage` in a fresh process (its own local Ray, 2 CPUs), timed from start "
+            "to `report.json`: Python and Ray start-up, the copyright store (span 300), the "
+            "streaming pass (read, decompress, scan, the scanners' Parquet writes) and the "
+            f"report. `scan.cpus_per_worker` {cpus_per_worker:g}, `scan.batch_size` "
+            f"{cfg.scan.batch_size}, all shards in one pass. Each job ran on the first half of "
+            "the shards and on all of them: the incremental rate is the extra MB over the "
+            "extra seconds, and start-up (the intercept) is the job's seconds less the MB at "
+            "that rate. The pass column is the same difference for the scan line's own "
+            "seconds.",
             "",
-            "| run | scanner cores | read s | start-up s | steady-state s | total s | "
-            "MB/s overall | MB/s steady state | MB/s per scanner core |",
+            "| shards | scanner actors | job wall s | MB/s overall | start-up s | "
+            "MB/s incremental | MB/s per scanner actor | pass MB/s | share of the scanner's "
+            "steady state |",
             "|---|---|---|---|---|---|---|---|---|",
             *table,
             "",
-            f"2 actors vs 1, steady state: **{steady_ratio:.2f}×** "
-            f"({two['steady_mbs'] / 2 / one['steady_mbs']:.2f}× per core); overall: "
-            f"{one['total_s'] / two['total_s']:.2f}×. 1 actor vs the in-process scanner, "
-            f"steady state: {one['steady_mbs'] / inp['steady_mbs']:.2f}×. Same rows (every "
-            "document's findings JSON, word, character and byte counts) in all three runs: "
-            f"{all(same)}; {n_docs:,} documents, {len(found):,} findings "
-            f"({', '.join(f'{k} {v:,}' for k, v in counts.items())}). "
-            "This machine has 2 cores, and the driver, Ray's own processes and Ray Data's "
-            "operators run on them beside the actors, so 2 actors cannot get 2 whole cores: "
-            "the 2-vs-1 ratio is what a second actor adds on this machine, not the scaling "
-            f"of dedicated cores, which this run does not measure.{busy}",
-            "",
-            f"How fast this host ran Python during the run: on the crawl's first "
-            f"{gauge['mb']:.1f} MB, the frozen reference scanner (code that does not change) "
-            f"scanned **{gauge['reference_mbs']:.2f} MB/s**, and `LeakScanner` 64 pages a call "
-            f"{gauge['scanner_mbs']:.1f} MB/s (best of 2 interleaved rounds). The section "
-            '"Leakage scanner: MB/s on one core" ran both on the same kind of pages (its '
-            "first row) in its own run: the ratio of the two reference rates is how much "
-            "slower or faster this host ran, and the MB/s above scale with it.",
+            f"Beside them, in this run: the scanner's own steady state (one `LeakScanner` in "
+            f"the bench's process, no Ray, pages already in memory) **{steady:.1f} MB/s**; "
+            f"read and decompress alone (`read_shards` over every shard, rows dropped, Ray "
+            f"with 1 CPU): `.jsonl.zst` **{zst_read:.1f} MB/s**, WET **{wet_read:.1f} MB/s**. "
+            "On one core the two costs add: a core that reads and scans a MB spends "
+            f"1/{zst_read:.0f} + 1/{steady:.0f} s on `.jsonl.zst` "
+            f"({1 / (1 / zst_read + 1 / steady):.1f} MB/s) and 1/{wet_read:.0f} + 1/{steady:.0f} "
+            f"s on WET ({1 / (1 / wet_read + 1 / steady):.1f} MB/s). The same rates in "
+            f"every run (leakage rates, PII types, findings): {same}.",
         ]
     )
 
@@ -507,7 +459,6 @@ def main() -> None:
     from mia_ray.config import load_config
     from mia_ray.features.shingles import ShingleStore
     from mia_ray.pipelines.leakage import inputs as leak_inputs
-    from mia_ray.pipelines.leakage import rates as leak_rates
     from mia_ray.pipelines.leakage import scan as leak_scan
     from mia_ray.pipelines.leakage.config import LeakageJobConfig
     from mia_ray.runtime import configure_data_context, connect
@@ -528,22 +479,23 @@ def main() -> None:
         c.scan.workers = workers
         out = work / f"w{workers}"
         t0 = time.perf_counter()
-        docs = leak_scan.scan_shards(c, stores, out, shards)
+        counts = leak_scan.scan_shards(c, stores, out, shards)
         secs = time.perf_counter() - t0
-        found = leak_rates.findings_of(docs)
+        found = leak_scan.read_findings(out, [name for name, _ in shards])
+        n_docs = sum(x["documents"] for x in counts.values())
         runs.append(
             {
                 "workers": workers,
                 "s": secs,
-                "docs": len(docs),
-                "mb": docs["bytes"].sum() / 1e6,
+                "docs": n_docs,
+                "mb": sum(x["bytes"] for x in counts.values()) / 1e6,
                 # What a finding is (names have no instance: NaN, which never equals itself).
                 "found": found[["shard", "doc_id", "category", "type", "start", "end", "ref"]]
                 .sort_values(["shard", "doc_id", "start", "type"])
                 .to_dict("records"),
             }
         )
-        print(f"{workers} worker(s): {len(docs) / secs:.1f} docs/s in {secs:.1f} s")
+        print(f"{workers} worker(s): {n_docs / secs:.1f} docs/s in {secs:.1f} s")
     store = ShingleStore.load(stores["copyright"])
     rng = np.random.default_rng(0)
     present = store.hashes[rng.integers(0, len(store), args.lookups // 2)]
