@@ -421,3 +421,60 @@ def test_a_worker_lost_mid_scan_costs_nothing_but_time(cluster, ray_local, tmp_p
     parts = list(Path(storage).glob("scan/*/documents/*.parquet"))
     ids = pd.concat([pd.read_parquet(p, columns=["doc_id"]) for p in parts])["doc_id"]
     assert len(ids) == 20000 and ids.is_unique
+
+
+def test_an_audit_of_files_only_in_the_bucket_gives_the_one_node_verdicts(
+    cluster, ray_local, world, tmp_path, s3_server, monkeypatch
+):
+    """--suspected and --unseen as s3:// URIs (a file and a glob) that no disk holds: read
+    by Ray Data tasks on the nodes Ray gives them, scored on the workers; the dataset
+    p-value and every file's verdict are a one-node run's on local copies."""
+    import random
+
+    from mia_ray.storage import filesystem_of
+
+    manifest = json.loads((world / "manifests" / "tiny.json").read_text())
+    docs = [json.loads(x) for x in (world / "corpus" / "documents.jsonl").read_text().splitlines()]
+    docs = [d for d in docs if d["id"] in manifest]
+    members = [d for d in docs if manifest[d["id"]] == 1][:12]
+    others = [d for d in docs if manifest[d["id"]] == 0]
+    random.Random(0).shuffle(others)
+    local = tmp_path / "inputs"
+    (local / "unseen").mkdir(parents=True)
+    files = {"suspected.jsonl": members + others[:6]}
+    for k in range(3):  # the unseen side in three files, named by a glob
+        files[f"unseen/part-{k}.jsonl"] = others[6 + k :: 3][:8]
+    for name, rows in files.items():
+        (local / name).write_text("".join(json.dumps({"id": d["id"], "text": d["text"]}) + "\n"
+                                          for d in rows))  # fmt: skip
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    prefix = f"audit-in-{uuid.uuid4().hex[:8]}"
+    for name in files:
+        fs, path = filesystem_of(s3_server.uri(f"{prefix}/{name}"))
+        with fs.open_output_stream(path, compression=None) as f:
+            f.write((local / name).read_bytes())
+    settings = ["--set", "data.snippet_size=64", "--set", "model.max_length=128",
+                "--set", "resources.torch_threads=1", "--set", "audit.fdr=0.1",
+                "--set", "audit.permutations=199"]  # fmt: skip
+
+    def audit(suspected: str, unseen: str, out: Path, *extra: str) -> list[str]:
+        return ["audit", "--model", str(world / "models" / "tiny"), "--suspected", suspected,
+                "--unseen", unseen, *settings, *extra, "--out", str(out)]  # fmt: skip
+
+    one = _one_node(audit(str(local / "suspected.jsonl"), f"{local}/unseen/*.jsonl",
+                          tmp_path / "one"))  # fmt: skip
+    before = set(cluster.actors("Scorer"))
+    out = cluster.runs / f"audit-bucket-{uuid.uuid4().hex[:8]}"
+    args = audit(s3_server.uri(f"{prefix}/suspected.jsonl"),
+                 s3_server.uri(f"{prefix}/unseen/*.jsonl"), out, *ON_WORKERS)  # fmt: skip
+    report, err = _on_cluster(cluster, args, s3_server.uri(f"run-{uuid.uuid4().hex[:8]}"))
+    assert "driver's disk alone" not in err
+    assert report["dataset_test"] == one["dataset_test"]
+    assert report["verdict"] == one["verdict"]
+    keys = ("file_id", "p_value", "q_value", "verdict")
+    assert [{k: f[k] for k in keys} for f in report["files"]] == [
+        {k: f[k] for k in keys} for f in one["files"]
+    ]
+    assert report["data"]["n_unseen"] == one["data"]["n_unseen"] > 0
+    assert _placed(cluster, "Scorer", before) <= cluster.worker_ids()

@@ -576,16 +576,19 @@ def _leakage(shard, out, *extra) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
-def test_a_sample_is_the_documents_whose_seeded_hash_falls_below_it(ray_local, tmp_path):
+def test_a_sample_is_the_documents_whose_seeded_hash_falls_below_it(ray_local, tmp_path, capfd):
     import hashlib
 
     shard = _plain_crawl(tmp_path)
     report = _leakage(shard, tmp_path / "a", "--set", "crawl.sample=0.5", "--set", "crawl.seed=7")
 
     # The definition, written out here: blake2b-64 of "seed \x1f shard \x1f id" over 2^64.
-    def drawn(doc_id: str) -> bool:
+    def point(doc_id: str) -> float:
         key = f"7\x1fcrawl.jsonl\x1f{doc_id}".encode()
-        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64 < 0.5
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
+
+    def drawn(doc_id: str) -> bool:
+        return point(doc_id) < 0.5
 
     want = sorted(f"p{i:03d}" for i in range(40) if drawn(f"p{i:03d}"))
     assert 0 < len(want) < 40
@@ -597,9 +600,23 @@ def test_a_sample_is_the_documents_whose_seeded_hash_falls_below_it(ray_local, t
     _leakage(shard, tmp_path / "c", "--set", "crawl.sample=0.5", "--set", "crawl.seed=7",
              "--set", "scan.workers=1", "--set", "scan.batch_size=3")  # fmt: skip
     assert sorted(_found(tmp_path / "c")["doc_id"]) == want
-    with pytest.raises(SystemExit) as e:
-        main(["leakage", "--set", f"crawl.shards=[{shard}]", "--set", "crawl.sample=1.5"])
-    assert e.value.code != 0
+    # A number of documents: the 10 with the smallest points, found by one read of the crawl.
+    points = {f"p{i:03d}": point(f"p{i:03d}") for i in range(40)}
+    ten = sorted(sorted(points, key=points.get)[:10])
+    report = _leakage(shard, tmp_path / "d", "--set", "crawl.sample=10", "--set", "crawl.seed=7")
+    assert report["crawl"]["documents"] == 10
+    assert sorted(_found(tmp_path / "d")["doc_id"]) == ten
+    capfd.readouterr()
+    _leakage(shard, tmp_path / "d", "--set", "crawl.sample=10", "--set", "crawl.seed=7")
+    err = capfd.readouterr().err
+    assert "crawl.sample: reusing the draw" in err and "reusing the earlier scan" in err
+    # More than the crawl holds: all of it.
+    assert _leakage(shard, tmp_path / "e", "--set", "crawl.sample=1000")["crawl"]["documents"] == 40
+    for bad in ("1.5", "0", "-3"):
+        args = ["leakage", "--set", f"crawl.shards=[{shard}]", "--set", f"crawl.sample={bad}",
+                "--out", str(tmp_path / "bad")]  # fmt: skip
+        assert main(args) == 2
+        assert "crawl.sample is the share of documents to scan" in capfd.readouterr().err
 
 
 def test_the_scanners_write_the_rows_and_the_driver_only_sums_counts(ray_local, tmp_path, capfd):

@@ -28,17 +28,20 @@ class CrawlConfig:
     truth: str = ""
     text_field: str = "text"
     id_field: str = "id"
-    # The share of documents the survey scans: each document is in when a hash of ``seed``,
-    # its shard and its id falls below it, so reruns and clusters of any size draw the same.
+    # What the survey scans: a share of the documents (0 < sample <= 1), or a number of them
+    # (a whole number > 1). A document is in when a hash of ``seed``, its shard and its id
+    # falls below the share (for a number: below the number-th smallest such hash), so every
+    # rerun and every cluster size draws the same documents.
     sample: float = 1.0
     seed: int = 0
 
     def validate(self) -> None:
         if not self.demo and not self.shards:
             raise MiaError("crawl.shards is empty: give the corpus shards to scan (or crawl.demo)")
-        if not 0 < self.sample <= 1:
+        if not (0 < self.sample <= 1 or (self.sample > 1 and float(self.sample).is_integer())):
             raise MiaError(
-                f"crawl.sample is the share of documents to scan, in (0, 1]; not {self.sample}"
+                "crawl.sample is the share of documents to scan, in (0, 1], or a whole number "
+                f"of documents; not {self.sample}"
             )
 
 

@@ -110,19 +110,22 @@ def store_urls(stores: dict[str, str]) -> dict[str, str]:
     return {c: ws.url(path) for c, path in stores.items()}
 
 
-def scan_dataset(cfg: LeakageJobConfig, stores: dict[str, str], todo, write_to: str):
+def scan_dataset(
+    cfg: LeakageJobConfig, stores: dict[str, str], todo, write_to: str, fraction: float = 1.0
+):
     """The Ray dataset of one pass (lazy: nothing is read or scanned until it is consumed):
     the shards in ``todo`` (``(name, source)``) read by one read operator
     (:func:`~mia_ray.data.readers.read_shards`) and streamed through one pool of
     ``scan.workers`` scanner actors, which write their findings under ``write_to`` (a storage
-    URL) and return counts (:meth:`LeakScanner.write`)."""
+    URL) and return counts (:meth:`LeakScanner.write`); ``fraction`` < 1: only the documents
+    whose :func:`~mia_ray.data.readers.sample_point` is below it."""
     import ray
 
     from mia_ray.data.readers import read_shards
     from mia_ray.runtime import ray_options
 
     s, c = cfg.scan, cfg.crawl
-    sample = (c.sample, str(c.seed)) if c.sample < 1 else None
+    sample = (fraction, str(c.seed)) if fraction < 1 else None
     ds = read_shards(todo, text_field=c.text_field, id_field=c.id_field, sample=sample)
     return ds.map_batches(
         LeakScanner,
@@ -146,12 +149,13 @@ def spans_of(cfg: LeakageJobConfig) -> dict[str, int]:
     return {"copyright": cfg.scan.copyright_span, "benchmark": cfg.scan.benchmark_span}
 
 
-def scan_pass(cfg: LeakageJobConfig, stores: dict[str, str], todo, out: Path, keys) -> dict:
+def scan_pass(
+    cfg: LeakageJobConfig, stores: dict[str, str], todo, out: Path, keys, fraction: float = 1.0
+) -> dict:
     """One streaming Ray Data pass over the shards in ``todo`` through one scanner pool (the
     actors load the stores once per pass). The scanners write each shard's rows into the
     run's storage (``scan/<shard>/``); the driver only sums their counts, and writes each
     shard's marker (with its counts) when the pass has ended."""
-    from mia_ray.errors import find_mia_error
     from mia_ray.features.leaks import add_counts, tally
     from mia_ray.stages import commit, recorded
 
@@ -161,21 +165,15 @@ def scan_pass(cfg: LeakageJobConfig, stores: dict[str, str], todo, out: Path, ke
     nodes: set[str] = set()
     t0 = last = time.monotonic()
     log(f"scanning {len(todo)} shard(s) with {cfg.scan.workers} scanner actor(s)")
-    try:
-        res = scan_dataset(cfg, stores, todo, ws.url(base))
-        for batch in res.iter_batches(batch_format="pyarrow", batch_size=None):
-            for shard, got, node in zip(*(batch.column(k).to_pylist() for k in ("shard", "counts", "node")), strict=True):  # fmt: skip
-                counts[shard] = add_counts(counts[shard], json.loads(got))
-                nodes.add(node)
-            if time.monotonic() - last > 10:
-                last = time.monotonic()
-                mb = sum(c["bytes"] for c in counts.values()) / 1e6
-                log(f"scanned {mb:.1f} MB so far ({mb / (last - t0):.1f} MB/s)")
-    except Exception as e:
-        err = find_mia_error(e)
-        if err is None:
-            raise
-        raise MiaError(str(err.args[0] if err.args else err).splitlines()[0]) from None
+    res = scan_dataset(cfg, stores, todo, ws.url(base), fraction)
+    for batch in batches_of(res):
+        for shard, got, node in zip(*(batch.column(k).to_pylist() for k in ("shard", "counts", "node")), strict=True):  # fmt: skip
+            counts[shard] = add_counts(counts[shard], json.loads(got))
+            nodes.add(node)
+        if time.monotonic() - last > 10:
+            last = time.monotonic()
+            mb = sum(c["bytes"] for c in counts.values()) / 1e6
+            log(f"scanned {mb:.1f} MB so far ({mb / (last - t0):.1f} MB/s)")
     dt = time.monotonic() - t0
     for name, _ in todo:
         # Last: a shard with a marker for its key holds every part of this pass.
@@ -203,9 +201,10 @@ def scan_shards(cfg: LeakageJobConfig, stores: dict[str, str], out: Path, shards
     # folder, so a new driver whose --out is elsewhere resumes), the scanner's settings and
     # row format, the fields read, the sample, the shard's bytes.
     names = {category: stage_key(Path(path).parent) for category, path in stores.items()}
+    fraction = sample_fraction(cfg, out, shards)
     key = fingerprint(
         SCAN_FORMAT, names, sorted(s.pii_types), s.names, s.instance_words, spans_of(cfg),
-        c.text_field, c.id_field, c.sample, c.seed if c.sample < 1 else 0,
+        c.text_field, c.id_field, fraction, c.seed if fraction < 1 else 0,
     )  # fmt: skip
     ws = storage.workspace_of(out)
     base = storage.inside(out / "scan", ws.local)
@@ -222,8 +221,76 @@ def scan_shards(cfg: LeakageJobConfig, stores: dict[str, str], out: Path, shards
             todo.append((name, shard))
     step = max(1, s.shards_per_pass)
     for first in range(0, len(todo), step):
-        counts.update(scan_pass(cfg, stores, todo[first : first + step], out, keys))
+        counts.update(scan_pass(cfg, stores, todo[first : first + step], out, keys, fraction))
     return {name: counts[name] for name, _ in shards}
+
+
+def batches_of(ds):
+    """The Arrow batches of ``ds`` as they come; a ``MiaError`` raised in a task or actor
+    (a bad record) comes out as itself, its first line."""
+    from mia_ray.errors import find_mia_error
+
+    try:
+        yield from ds.iter_batches(batch_format="pyarrow", batch_size=None)
+    except Exception as e:
+        err = find_mia_error(e)
+        if err is None:
+            raise
+        raise MiaError(str(err.args[0] if err.args else err).splitlines()[0]) from None
+
+
+def sample_fraction(cfg: LeakageJobConfig, out: Path, shards: list) -> float:
+    """``crawl.sample`` as the share the read tasks keep. A number of documents N becomes
+    the share just above the N-th smallest :func:`~mia_ray.data.readers.sample_point` of the
+    crawl, found by one pass that reads every shard (each batch sends the driver its N
+    smallest points, never its text) and kept as a stage, so a rerun does not read twice."""
+    import math
+
+    c = cfg.crawl
+    if c.sample <= 1:
+        return float(c.sample)
+    from mia_ray.stages import json_stage
+
+    n = int(c.sample)
+    key = fingerprint("sample", n, c.seed, c.text_field, c.id_field,
+                      [(name, src.identity()) for name, src in shards])  # fmt: skip
+
+    def count() -> float:
+        import heapq
+
+        from mia_ray.data.readers import read_shards
+
+        t0 = time.monotonic()
+        ds = read_shards(shards, text_field=c.text_field, id_field=c.id_field)
+        ds = ds.map_batches(lowest_points, fn_kwargs={"n": n, "seed": str(c.seed)},
+                            batch_format="pyarrow")  # fmt: skip
+        lowest: list[float] = []
+        for batch in batches_of(ds):
+            lowest = heapq.nsmallest(n, lowest + batch.column("point").to_pylist())
+        total = "all" if len(lowest) < n else f"the {n} drawn"
+        log(f"crawl.sample = {n} documents: {total} found in one read of the crawl "
+            f"({time.monotonic() - t0:.1f} s)")  # fmt: skip
+        return 1.0 if len(lowest) < n else math.nextafter(lowest[-1], 1.0)
+
+    return json_stage(out, "crawl-sample", key, count, reused="crawl.sample: reusing the draw")
+
+
+def lowest_points(batch, n: int, seed: str):
+    """The ``n`` smallest sample points of a batch of documents (``doc_id``, ``shard``);
+    a bad record raises its problem, as the scan would."""
+    import heapq
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from mia_ray.data.readers import sample_point
+
+    errors = pc.drop_null(batch.column("_error"))
+    if len(errors):
+        raise MiaError(errors[0].as_py())
+    ids, shards = batch.column("doc_id").to_pylist(), batch.column("shard").to_pylist()
+    points = (sample_point(seed, s, d) for s, d in zip(shards, ids, strict=True))
+    return pa.table({"point": pa.array(heapq.nsmallest(n, points), pa.float64())})
 
 
 def read_findings(out: Path, shards: list[str], limit: int | None = None) -> pd.DataFrame:
