@@ -107,6 +107,7 @@ def test_leakage_job_configs_load_with_the_papers_settings():
     c = load_config(LeakageJobConfig, str(ROOT / "jobs" / "leakage_cluster.yaml"))
     assert c.scan.copyright_span == 300 and c.eval.shots == 16 and c.scan.workers == 32
     assert c.crawl.shards[0].startswith("s3://") and c.crawl.shards[0].endswith("*.warc.wet.gz")
+    assert (c.crawl.sample, c.crawl.seed) == (0.01, 0)
     assert (c.backend.device, c.resources.gpus_per_actor) == ("cuda", 1.0)
     assert c.eval.targets == ["EleutherAI/pythia-1.4b", "EleutherAI/pythia-1.4b-deduped"]
     demo = load_config(LeakageJobConfig, str(ROOT / "jobs" / "leakage_demo.yaml"))
