@@ -315,8 +315,11 @@ def read_findings(out: Path, shards: list[str], limit: int | None = None) -> pd.
         if limit is not None and rows >= limit:
             break
     cols = ["shard", "doc_id", *FINDING_COLUMNS]
-    if not frames:
-        return pd.DataFrame({c: [] for c in cols})
+    if not frames:  # the columns' types as a part's, so string accessors work on none
+        ints = {"start", "end", "instance_start"}
+        return pd.DataFrame(
+            {c: pd.Series([], dtype="int64" if c in ints else object) for c in cols}
+        )
     found = pd.concat(frames, ignore_index=True)[cols]
     # A document's findings sit together in one part, in the scanner's order: a stable sort
     # by shard (as listed) and document keeps them so.
