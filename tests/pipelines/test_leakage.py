@@ -651,3 +651,27 @@ def test_a_bad_record_mid_scan_is_one_clear_error(ray_local, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "document bad is empty (1 bad record(s) in this batch)" in err
     assert "Traceback" not in err
+
+
+def test_a_sample_is_scored_against_the_truth_planted_in_what_it_scanned(
+    ray_local, test_world, tmp_path
+):
+    out = tmp_path / "half"
+    args = _args(test_world, out, "--set", "eval.targets=[]", "--set", "crawl.sample=0.5")
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    scanned = {
+        (p.parent.parent.name, d)
+        for p in (out / "scan").glob("*/documents/*.parquet")
+        for d in pd.read_parquet(p)["doc_id"]
+    }
+    assert 0 < len(scanned) == report["crawl"]["documents"] < 60
+    truth = pd.read_json(
+        report["config"]["crawl"]["truth"], lines=True, dtype={"doc_id": str, "shard": str}
+    )
+    inside = truth[[k in scanned for k in zip(truth["shard"], truth["doc_id"], strict=True)]]
+    pii = inside[(inside["category"] == "pii") & (inside["type"] != "person_name")]
+    assert 0 < len(pii) < 24
+    # Every planted record of the scanned pages is found; those of pages not drawn are not
+    # counted as missed.
+    assert report["truth"]["pii"]["planted"] == len(pii) == report["truth"]["pii"]["found"]

@@ -16,6 +16,7 @@ from mia_ray.pipelines.leakage.scan import (
     findings_at,
     read_findings,
     scan_shards,
+    scanned_documents,
     spans_of,
 )
 from mia_ray.registry import pipeline
@@ -65,7 +66,12 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
     # what needs them all (the model evaluation's instances, scoring a planted truth).
     whole = bool(cfg.eval.targets or cfg.crawl.truth)
     found = read_findings(out, names, None if whole else cfg.scan.max_listed_matches)
-    truth = score_against_truth(found, cfg.crawl.truth) if cfg.crawl.truth else None
+    truth = None
+    if cfg.crawl.truth:
+        sampled = cfg.crawl.sample != 1
+        truth = score_against_truth(
+            found, cfg.crawl.truth, scanned_documents(out, names) if sampled else None
+        )
     leakage_rate: dict = {}
     for c in CATEGORIES:
         if c != "pii" and c not in stores:  # no store: nothing to match, not a rate of 0

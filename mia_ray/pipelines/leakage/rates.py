@@ -126,16 +126,23 @@ def hits_of(rows: pd.DataFrame, others: pd.DataFrame, category: str) -> tuple[in
     return hit, miss
 
 
-def score_against_truth(found: pd.DataFrame, truth_path: str) -> dict[str, Any]:
+def score_against_truth(
+    found: pd.DataFrame, truth_path: str, scanned: set[tuple[str, str]] | None = None
+) -> dict[str, Any]:
     """Precision and recall against planted truth, per category.
 
     A planted span or record is found when a match in its document overlaps it and finds the
     same thing (the PII type; the reference text for copyright and benchmark); a match is
     right when it overlaps a planted one that way. Names are scored apart (recall only): the
-    background pages are real text, full of real names nobody planted.
+    background pages are real text, full of real names nobody planted. ``scanned``: the
+    ``(shard, doc_id)`` of the documents a sample scanned; planted records elsewhere are left
+    out.
     """
     truth = pd.read_json(truth_path, lines=True, dtype={"doc_id": str, "shard": str, "ref": str})
     truth["ref"] = truth["ref"].fillna("")
+    if scanned is not None:  # a sample: what was planted in documents never scanned is not missed
+        keep = [k in scanned for k in zip(truth["shard"], truth["doc_id"], strict=True)]
+        truth = truth[keep]
     out: dict[str, Any] = {}
     for category in (*CATEGORIES, "person_name"):
         if category == "person_name":

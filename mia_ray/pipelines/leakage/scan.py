@@ -335,3 +335,20 @@ def findings_at(out: Path) -> str:
     """Where the findings of a run's shards are (a path or a URL without credentials)."""
     ws = storage.workspace_of(out)
     return storage.redact(ws.url(storage.inside(out / "scan", ws.local))) + "/<shard>/findings/"
+
+
+def scanned_documents(out: Path, shards: list[str]) -> set[tuple[str, str]]:
+    """``(shard, doc_id)`` of every document the scanners wrote a row for."""
+    import pyarrow.parquet as pq
+
+    ws = storage.workspace_of(out)
+    base = storage.inside(out / "scan", ws.local)
+    got: set[tuple[str, str]] = set()
+    for name in shards:
+        rel = f"{base}/{name}/documents"
+        for part in ws.storage.files(rel):
+            with ws.storage.fs.open_input_file(ws.storage.path(f"{rel}/{part}")) as f:
+                got.update(
+                    (name, d) for d in pq.read_table(f, columns=["doc_id"])["doc_id"].to_pylist()
+                )
+    return got
