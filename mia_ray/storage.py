@@ -394,8 +394,16 @@ class Workspace:
 DRIVER_ONLY = ("report.json", "report.html", "config.yaml", "error.log", "previous")
 
 
+# Storage's alone: what workers write for storage to keep (the leakage scanners' parts,
+# ``scan/<shard>/findings/`` and ``documents/``, as large as a fifth of the corpus). A driver
+# resuming a run never copies them; what needs them reads them from storage.
+STORAGE_ONLY = ("findings", "documents")
+
+
 def _skipped(name: str) -> bool:
-    return name.split("/", 1)[0] in DRIVER_ONLY or name.endswith(".tmp")
+    parts = name.split("/")
+    scanned = len(parts) >= 4 and parts[-4] == "scan" and parts[-2] in STORAGE_ONLY
+    return parts[0] in DRIVER_ONLY or name.endswith(".tmp") or scanned
 
 
 _CURRENT: Workspace | None = None

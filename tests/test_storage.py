@@ -99,6 +99,23 @@ def test_workspace_pushes_changes_and_a_new_driver_pulls_them(tmp_path):
     assert not (tmp_path / "elsewhere" / "report.json").exists()
 
 
+def test_a_new_driver_leaves_the_scanners_parts_in_storage(tmp_path):
+    """The leakage scanners' findings and per-document parts stay in storage (they can be a
+    fifth of a corpus); the shard's marker and every other stage come to the new driver."""
+    uri = _mock()
+    ws = Workspace(tmp_path / "out", uri, distributed=True)
+    for name in ("scan/s.jsonl/findings/part-a.parquet", "scan/s.jsonl/documents/part-a.parquet",
+                 "leakage/scan/s.jsonl/findings/part-b.parquet", "scan/s.jsonl/.complete.json",
+                 "rows/target/part-00000.parquet", "findings/part-c.parquet"):  # fmt: skip
+        ws.storage.write_bytes(name, b"x")
+    new = Workspace(tmp_path / "elsewhere", uri)
+    assert new.pull() == 3
+    got = sorted(p.relative_to(tmp_path / "elsewhere").as_posix()
+                 for p in (tmp_path / "elsewhere").rglob("*") if p.is_file())  # fmt: skip
+    assert got == ["findings/part-c.parquet", "rows/target/part-00000.parquet",
+                   "scan/s.jsonl/.complete.json"]  # fmt: skip
+
+
 def test_workspace_on_out_itself_is_a_no_op(tmp_path):
     out = _folder(tmp_path / "out", {"x/y": b"1"})
     ws = Workspace(out)
