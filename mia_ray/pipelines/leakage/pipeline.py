@@ -45,6 +45,14 @@ def model_keys(cfg: LeakageJobConfig, evaluation: dict | None) -> dict[str, Any]
     }
 
 
+def truth_of(cfg: LeakageJobConfig, out: Path, names: list[str], found) -> dict | None:
+    """Precision and recall against ``crawl.truth``; a sample's against what it scanned."""
+    if not cfg.crawl.truth:
+        return None
+    scanned = scanned_documents(out, names) if cfg.crawl.sample != 1 else None
+    return score_against_truth(found, cfg.crawl.truth, scanned)
+
+
 @pipeline(
     "leakage",
     LeakageJobConfig,
@@ -66,12 +74,7 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
     # what needs them all (the model evaluation's instances, scoring a planted truth).
     whole = bool(cfg.eval.targets or cfg.crawl.truth)
     found = read_findings(out, names, None if whole else cfg.scan.max_listed_matches)
-    truth = None
-    if cfg.crawl.truth:
-        sampled = cfg.crawl.sample != 1
-        truth = score_against_truth(
-            found, cfg.crawl.truth, scanned_documents(out, names) if sampled else None
-        )
+    truth = truth_of(cfg, out, names, found)
     leakage_rate: dict = {}
     for c in CATEGORIES:
         if c != "pii" and c not in stores:  # no store: nothing to match, not a rate of 0
