@@ -114,26 +114,19 @@ def test_attack_scorers_on_the_workers_give_the_one_node_numbers(
     assert _placed(cluster, "Scorer", before) <= cluster.worker_ids()
 
 
-def test_a_worker_lost_mid_scoring_costs_nothing_but_time(cluster, world, attack_one_node):
-    """SIGKILL of a worker's raylet while its Scorer scores: Ray Data restarts the actor on
-    the other worker (its defaults for actor pools: max_restarts=-1, max_task_retries=-1)
-    and retries the lost batches; the run ends with the unbroken run's numbers."""
-    before = set(cluster.actors("Scorer"))
-    out = cluster.runs / f"attack-kill-{uuid.uuid4().hex[:8]}"
-    storage = _storage(cluster, "attack-kill")
-    args = _args("attack", world, out, *ATTACK, *ON_WORKERS, *TWO_SCORERS)
-    driver = cluster.spawn_driver([*args, "--set", f"resources.storage={storage}"])
+def _kill_a_worker_mid_run(cluster, driver, class_part: str, before: set[str], ready) -> None:
+    """Once ``ready()`` (the first results written), SIGKILL the raylet of a worker that runs
+    one of the driver's ``class_part`` actors; the driver must still finish, and that actor
+    must have been started again (on the other worker)."""
+    from ray.util.state import list_actors
+
     killed = None
     try:
-        # The first rows back from the pool (its first part, written as it arrives): it is
-        # scoring, most rows still to come. (Waiting for the 10-second progress line instead
-        # let the other actor finish the pass first, now and then, and nothing restarted.)
-        parts = out / "rows" / "target"
         deadline = time.time() + 300
-        while not list(parts.glob("part-*.parquet")):
-            assert time.time() < deadline and driver.proc.poll() is None, "no rows came back"
-            time.sleep(0.1)
-        alive = {a: n for a, n in cluster.actors("Scorer").items() if a not in before}
+        while not ready():
+            assert time.time() < deadline and driver.proc.poll() is None, "no results came back"
+            time.sleep(0.05)
+        alive = {a: n for a, n in cluster.actors(class_part).items() if a not in before}
         nodes = [w.node_id for w in cluster.workers]
         killed = next(i for i, n in enumerate(nodes) if n in alive.values())
         cluster.kill_worker(killed)
@@ -144,12 +137,26 @@ def test_a_worker_lost_mid_scoring_costs_nothing_but_time(cluster, world, attack
             driver.proc.kill()
         if killed is not None:
             cluster.restart_worker(killed)
-    # The actor on the lost node was started again (on the other worker).
-    from ray.util.state import list_actors
-
     rows = list_actors(address=cluster.dashboard_url, limit=10000, detail=True)
     restarts = [a.num_restarts for a in rows if a.actor_id in alive]
     assert max(restarts) >= 1, restarts
+
+
+def test_a_worker_lost_mid_scoring_costs_nothing_but_time(cluster, world, attack_one_node):
+    """SIGKILL of a worker's raylet while its Scorer scores: Ray Data restarts the actor on
+    the other worker (its defaults for actor pools: max_restarts=-1, max_task_retries=-1)
+    and retries the lost batches; the run ends with the unbroken run's numbers."""
+    before = set(cluster.actors("Scorer"))
+    out = cluster.runs / f"attack-kill-{uuid.uuid4().hex[:8]}"
+    storage = _storage(cluster, "attack-kill")
+    args = _args("attack", world, out, *ATTACK, *ON_WORKERS, *TWO_SCORERS)
+    driver = cluster.spawn_driver([*args, "--set", f"resources.storage={storage}"])
+    # The first rows back from the pool (its first part, written as it arrives): it is
+    # scoring, most rows still to come. (Waiting for the 10-second progress line instead
+    # let the other actor finish the pass first, now and then, and nothing restarted.)
+    parts = out / "rows" / "target"
+    _kill_a_worker_mid_run(cluster, driver, "Scorer", before,
+                           lambda: list(parts.glob("part-*.parquet")))  # fmt: skip
     done = [ln for ln in driver.lines if re.search(r"target: \d+/\d+ rows in", ln)]
     assert done and "reusing" not in "".join(driver.lines), "".join(driver.lines)[-4000:]
     report = json.loads((out / "report.json").read_text())
@@ -393,27 +400,8 @@ def test_a_worker_lost_mid_scan_costs_nothing_but_time(cluster, ray_local, tmp_p
     storage = _storage(cluster, "scan-kill")
     driver = cluster.spawn_driver([*base, *ON_WORKERS, "--set", f"resources.storage={storage}",
                                    "--out", str(out)])  # fmt: skip
-    killed = None
-    try:
-        deadline = time.time() + 300
-        while not list(Path(storage).glob("scan/*/documents/*.parquet")):
-            assert time.time() < deadline and driver.proc.poll() is None, "no parts written"
-            time.sleep(0.05)
-        alive = {a: n for a, n in cluster.actors("LeakScanner").items() if a not in before}
-        nodes = [w.node_id for w in cluster.workers]
-        killed = next(i for i, n in enumerate(nodes) if n in alive.values())
-        cluster.kill_worker(killed)
-        code = driver.finish(timeout=600)
-        assert code == 0, "".join(driver.lines)[-6000:]
-    finally:
-        if driver.proc.poll() is None:
-            driver.proc.kill()
-        if killed is not None:
-            cluster.restart_worker(killed)
-    from ray.util.state import list_actors
-
-    rows = list_actors(address=cluster.dashboard_url, limit=10000, detail=True)
-    assert max(a.num_restarts for a in rows if a.actor_id in alive) >= 1
+    _kill_a_worker_mid_run(cluster, driver, "LeakScanner", before,
+                           lambda: list(Path(storage).glob("scan/*/documents/*.parquet")))  # fmt: skip
     report = json.loads((out / "report.json").read_text())
     keys = ("leakage_rate", "pii_types", "pii_without_names", "shards", "matches_total")
     assert {k: report[k] for k in keys} == {k: one[k] for k in keys}
