@@ -141,6 +141,7 @@ def read_shards(
     text_field: str = "text",
     id_field: str = "id",
     sample: tuple[float, str] | None = None,
+    ids_only: bool = False,
 ):
     """Many shards (``(name, source)``) as one lazy Ray dataset of ``doc_id``, ``text``,
     ``shard`` and ``_error`` (a record's problem, or null), for a pass that streams: nothing is
@@ -151,7 +152,9 @@ def read_shards(
     driver's executor loop a share of the scan on many shards (measured, see
     ``leakage.scan``). ``sample``: ``(fraction, seed)`` keeps a document when
     :func:`sample_point` of its shard and id is below the fraction, in the read task, so
-    that nothing downstream sees the rest."""
+    that nothing downstream sees the rest; a Parquet file's row groups that hold no drawn id
+    are not read beyond their ids. ``ids_only``: no ``text`` column (a Parquet file's text
+    is never read), for a pass that only draws the sample."""
     import ray
 
     from mia_ray.log import log
@@ -166,7 +169,7 @@ def read_shards(
             fields = _Fields(text_field, "", "", "", True, False, False)
         else:
             fields = _fields_of(source, text_field, id_field, "label", "date")
-        spec = _FileSpec(source.fmt, source.base, fields, name, sample)
+        spec = _FileSpec(source.fmt, source.base, fields, name, sample, ids_only)
         where = ("remote", id(source.filesystem)) if source.remote else ("local",)
         files, specs = groups.setdefault(where, ([], {}))
         names.setdefault(where, []).append(source.path)
@@ -617,6 +620,7 @@ class _FileSpec:
     fields: _Fields
     shard: str = ""
     sample: tuple[float, str] | None = None
+    ids_only: bool = False
 
 
 def _file_rows(f, path: str, spec: _FileSpec):
@@ -631,22 +635,66 @@ def _file_rows(f, path: str, spec: _FileSpec):
         yield from warc_records(f, name, spec.fields)
     elif spec.fmt == "text":
         yield _decode_text_files({"bytes": [f.read()], "path": [path]}, spec.base)
+    elif spec.ids_only and spec.fields.has_id:
+        yield from _parquet_ids(pq.ParquetFile(f), name, spec)
     else:
-        # The stream is not seekable; a footer is read from the end of the file.
-        pf = pq.ParquetFile(pa.BufferReader(f.read()))
+        # f is random access (FilesDatasource._open_input_source): only the columns read
+        # and, in a sample, the row groups holding a drawn document are fetched.
+        pf = pq.ParquetFile(f)
         columns = _parquet_columns(spec.fields)
-        for batch in pf.iter_batches(batch_size=_ROWS_PER_BLOCK, columns=columns):
+        id_field = spec.fields.id if spec.fields.has_id else ""
+        groups = parquet_row_groups(pf, id_field, spec.shard, spec.sample)
+        if not groups:
+            return
+        for batch in pf.iter_batches(
+            batch_size=_ROWS_PER_BLOCK, row_groups=groups, columns=columns
+        ):
             table = pa.Table.from_batches([batch])
             table = table.append_column("path", pa.array([path] * len(table), pa.string()))
             yield _normalize_parquet(table, spec.base, spec.fields)
 
 
-def _scan_columns(table, spec: _FileSpec):
-    """A scan's columns of a block (``doc_id``, ``text``, ``shard``, ``_error``), the
-    documents outside the sample left out (a record's problem is kept)."""
+def _parquet_ids(pf, name: str, spec: _FileSpec):
+    """The ids of a Parquet file, row group by row group, as ``doc_id`` and ``_error`` (a
+    missing id), without reading any other column."""
     import pyarrow as pa
 
-    table = table.select(["doc_id", "text", ERROR_COL])
+    for i in range(pf.num_row_groups):
+        ids = pf.read_row_group(i, columns=[spec.fields.id]).column(0).to_pylist()
+        problem = _missing_field(spec.fields.id, f"a row of {name}", pf.schema_arrow.names)
+        bad = [d is None or d == "" for d in ids]
+        doc_ids = ["" if b else str(d) for d, b in zip(ids, bad, strict=True)]
+        errors = [problem if b else None for b in bad]
+        yield pa.table({"doc_id": pa.array(doc_ids, pa.string()),
+                        ERROR_COL: pa.array(errors, pa.string())})  # fmt: skip
+
+
+def parquet_row_groups(pf, id_field: str, shard: str, sample) -> list[int]:
+    """The row groups of a Parquet file (a ``pyarrow.parquet.ParquetFile``) that a read of
+    ``shard`` with ``sample`` (``(fraction, seed)`` or None) needs: all of them, or the ones
+    holding a drawn id or a missing one (its problem is raised as a whole read would). Only
+    the id column of the others is read. Without an ``id_field`` every group is needed: a
+    document's place then hangs on its text."""
+    every = list(range(pf.num_row_groups))
+    if sample is None or sample[0] >= 1 or not id_field:
+        return every
+    fraction, seed = sample
+
+    def needed(i: int) -> bool:
+        ids = pf.read_row_group(i, columns=[id_field]).column(0).to_pylist()
+        return any(
+            d is None or d == "" or sample_point(seed, shard, str(d)) < fraction for d in ids
+        )
+
+    return [i for i in every if needed(i)]
+
+
+def _scan_columns(table, spec: _FileSpec):
+    """A scan's columns of a block (``doc_id``, ``text`` unless ``ids_only``, ``shard``,
+    ``_error``), the documents outside the sample left out (a record's problem is kept)."""
+    import pyarrow as pa
+
+    table = table.select(["doc_id"] + ([] if spec.ids_only else ["text"]) + [ERROR_COL])
     if spec.sample is not None:
         fraction, seed = spec.sample
         ids, errors = table.column("doc_id").to_pylist(), table.column(ERROR_COL).to_pylist()
@@ -680,6 +728,13 @@ def _files_datasource(specs: dict[str, _FileSpec], filesystem):
 
             def get_name(self) -> str:
                 return self._name
+
+            def _open_input_source(self, filesystem, path: str, **open_args):
+                # Parquet keeps its footer at the end and its columns apart: random access
+                # reads only what is needed.
+                if self._specs[path.split("://", 1)[-1]].fmt == "parquet":
+                    return filesystem.open_input_file(path)
+                return super()._open_input_source(filesystem, path, **open_args)
 
             def _read_stream(self, f, path: str):
                 spec = self._specs[path.split("://", 1)[-1]]

@@ -242,8 +242,9 @@ def batches_of(ds):
 def sample_fraction(cfg: LeakageJobConfig, out: Path, shards: list) -> float:
     """``crawl.sample`` as the share the read tasks keep. A number of documents N becomes
     the share just above the N-th smallest :func:`~mia_ray.data.readers.sample_point` of the
-    crawl, found by one pass that reads every shard (each batch sends the driver its N
-    smallest points, never its text) and kept as a stage, so a rerun does not read twice."""
+    crawl, found by one pass that reads every shard's ids (a Parquet file's text is not
+    read; each batch sends the driver its N smallest points) and kept as a stage, so a rerun
+    does not read twice."""
     import math
 
     c = cfg.crawl
@@ -261,7 +262,7 @@ def sample_fraction(cfg: LeakageJobConfig, out: Path, shards: list) -> float:
         from mia_ray.data.readers import read_shards
 
         t0 = time.monotonic()
-        ds = read_shards(shards, text_field=c.text_field, id_field=c.id_field)
+        ds = read_shards(shards, text_field=c.text_field, id_field=c.id_field, ids_only=True)
         ds = ds.map_batches(lowest_points, fn_kwargs={"n": n, "seed": str(c.seed)},
                             batch_format="pyarrow")  # fmt: skip
         lowest: list[float] = []
