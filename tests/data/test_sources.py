@@ -169,3 +169,25 @@ def test_a_corpus_in_a_bucket_reads_in_the_formats_it_ships_in(ray_local, bucket
         resolve_source(bucket("cc/*.jsonl"))
     with pytest.raises(MiaError, match=r"^data path not found: s3://elsewhere/x"):
         resolve_source(bucket("x").replace("@corpus/", "@elsewhere/"))
+
+
+def test_a_sample_of_parquet_in_a_bucket_draws_what_the_local_copy_draws(
+    ray_local, bucket, tmp_path
+):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mia_ray.data.readers import read_shards
+
+    ids = [f"r{i:02d}" for i in range(40)]
+    table = pa.table({"id": ids, "text": [f"Row {i}, all of it." for i in ids]})
+    pq.write_table(table, tmp_path / "fw.parquet", row_group_size=10)
+    _put(bucket("fineweb/fw.parquet"), (tmp_path / "fw.parquet").read_bytes())
+
+    def drawn(path) -> list[str]:
+        ds = read_shards([("fw", resolve_source(path))], sample=(0.3, "1"))
+        return sorted(ds.to_pandas()["doc_id"])
+
+    local = drawn(tmp_path / "fw.parquet")
+    assert 0 < len(local) < 40
+    assert drawn(bucket("fineweb/fw.parquet")) == local
