@@ -30,7 +30,8 @@ def vocab_moments(logp):
 def row_stats(logits, ids, mask, texts: list[str], full: bool) -> list[dict]:
     """Per row of one forward pass (logits (B, T, V), ids and mask (B, T)): the mean NLL
     ``loss`` and ``n_tokens``, and with ``full`` the observed tokens' log-probs and the
-    vocabulary moments (``token_logprobs``, ``mu``, ``sigma``: float32, n_tokens - 1 each).
+    vocabulary moments (``token_logprobs``, ``mu``, ``sigma``: float32, n_tokens - 1 each)
+    and the ids of those tokens (``token_ids``, int32).
 
     On an accelerator nothing here waits for the device per row: the rows' results stay on
     it, padded into (B, T - 1) tensors, and come to the host in one copy per column. Rows are
@@ -40,6 +41,7 @@ def row_stats(logits, ids, mask, texts: list[str], full: bool) -> list[dict]:
 
     lengths = mask.sum(1)
     n = lengths.tolist()  # the one wait for the device before the rows
+    host_ids = ids.cpu().numpy()
     for i, k in enumerate(n):
         if k < 2:
             raise MiaError(
@@ -74,6 +76,7 @@ def row_stats(logits, ids, mask, texts: list[str], full: bool) -> list[dict]:
             row["token_logprobs"] = host["tok"][i, : k - 1].copy()
             row["mu"] = host["mu"][i, : k - 1].copy()
             row["sigma"] = host["sigma"][i, : k - 1].copy()
+            row["token_ids"] = host_ids[i, start[i] + 1 : start[i] + k].astype("int32")
         rows.append(row)
     return rows
 
@@ -83,8 +86,15 @@ class Scorer:
 
     Input rows carry ``snippet_id`` and ``text``; output rows carry ``snippet_id``,
     ``n_tokens`` and, with ``prefix`` = "" (target) or "ref_" (reference model):
-    ``token_logprobs``, ``mu``, ``sigma`` (lists, length n_tokens - 1), ``loss`` (mean NLL)
-    and, when ``lowercase`` is on, ``lower_loss``.
+    ``token_logprobs``, ``mu``, ``sigma``, ``token_ids`` (lists, length n_tokens - 1),
+    ``loss`` (mean NLL) and, when ``lowercase`` is on, ``lower_loss``.
+
+    Two other passes, one per pool: with ``context``, each snippet is read after that text
+    (ReCaLL's prefix) and ``loss`` is the mean NLL of the very tokens the plain pass scores
+    (all of the snippet's encoding but its first), ``context_tokens`` how much of the context
+    fitted the model's window (its end is kept); with ``grad_norm``, ``grad_norm`` is the mean
+    over the model's parameter tensors of the max-norm of the gradient of ``loss`` (MIMIR's
+    default norm; one backward per snippet).
     """
 
     def __init__(
@@ -100,6 +110,8 @@ class Scorer:
         lowercase: bool = True,
         token_stats: bool = True,
         prefix: str = "",
+        context: str = "",
+        grad_norm: bool = False,
     ):
         from mia_ray.models.hf import load_causal_lm, set_torch_threads
 
@@ -111,9 +123,12 @@ class Scorer:
             self.model.config, "n_positions", None
         )
         self.max_length = min(max_length, ctx) if ctx else max_length
+        self.window = ctx or max_length
         self.lowercase = lowercase
         self.token_stats = token_stats
         self.prefix = prefix
+        self.context = self.tok(context, add_special_tokens=False)["input_ids"] if context else []
+        self.grad_norm = grad_norm
 
     def _encode(self, texts: list[str]):
         enc = self.tok(
@@ -139,6 +154,65 @@ class Scorer:
             logits = self.model(**enc).logits
         return row_stats(logits, enc["input_ids"], enc["attention_mask"], texts, full)
 
+    def _conditioned(self, texts: list[str]) -> list[dict]:
+        """The snippets read after ``self.context`` (see the class)."""
+        import torch
+
+        specials = set(self.tok.all_special_ids)
+        seqs, scored, kept = [], [], []
+        for text in texts:
+            own = self.tok(text, truncation=True, max_length=self.max_length)["input_ids"]
+            if len(own) < 2:
+                raise MiaError(
+                    f"a snippet has fewer than 2 tokens after tokenization: {text[:60]!r}"
+                )
+            lead = next((j for j, t in enumerate(own) if t not in specials), len(own))
+            room = max(0, self.window - len(own))
+            ctx = self.context[len(self.context) - room :] if room else []
+            seqs.append(own[:lead] + ctx + own[lead:])
+            scored.append(len(own) - 1)
+            kept.append(len(ctx))
+        width = max(map(len, seqs))
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        ids = torch.tensor([q + [pad] * (width - len(q)) for q in seqs], device=self.device)
+        mask = torch.tensor(
+            [[1] * len(q) + [0] * (width - len(q)) for q in seqs], device=self.device
+        )
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
+        rows = []
+        for i, (q, k) in enumerate(zip(seqs, scored, strict=True)):
+            end = len(q)
+            logp = torch.log_softmax(logits[i, end - 1 - k : end - 1].float(), dim=-1)
+            tok_lp = logp.gather(-1, ids[i, end - k : end, None]).squeeze(-1)
+            rows.append(
+                {"loss": float(-tok_lp.mean()), "n_tokens": k + 1, "context_tokens": kept[i]}
+            )
+        return rows
+
+    def _gradient(self, texts: list[str]) -> list[dict]:
+        """One backward per snippet (see the class)."""
+        import torch
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        rows = []
+        for text in texts:
+            enc = self._encode([text])
+            if int(enc["attention_mask"].sum()) < 2:
+                raise MiaError(
+                    f"a snippet has fewer than 2 tokens after tokenization: {text[:60]!r}"
+                )
+            self.model.zero_grad(set_to_none=True)
+            with torch.enable_grad():
+                loss = self.model(**enc, labels=enc["input_ids"]).loss
+                loss.backward()
+            grads = [p.grad.detach() for p in params if p.grad is not None]
+            norms = torch.stack([g.float().abs().max() for g in grads])  # each tensor's inf-norm
+            rows.append({"loss": float(loss.detach()), "n_tokens": int(enc["attention_mask"].sum()),
+                         "grad_norm": float(norms.mean())})  # fmt: skip
+        self.model.zero_grad(set_to_none=True)
+        return rows
+
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         from mia_ray.actors import in_model_batches
 
@@ -146,7 +220,12 @@ class Scorer:
 
     def _score(self, batch: pd.DataFrame) -> pd.DataFrame:
         texts = [str(t) for t in batch["text"]]
-        rows = self._pass(texts, self.token_stats)
+        if self.grad_norm:
+            rows = self._gradient(texts)
+        elif self.context:
+            rows = self._conditioned(texts)
+        else:
+            rows = self._pass(texts, self.token_stats)
         res = pd.DataFrame({"snippet_id": batch["snippet_id"].to_numpy()})
         for key in rows[0]:
             res[self.prefix + key] = [r[key] for r in rows]

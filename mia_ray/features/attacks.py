@@ -1,8 +1,10 @@
-"""Attack scores for one snippet, all derived from one forward pass.
+"""Attack scores for one snippet, from the passes the run made over it.
 
 Each registered attack is ``fn(s: SnippetStats, **params) -> float`` with higher = more
-likely a member. The actor computes a snippet's :class:`SnippetStats` once; every attack
-and every Min-K ratio is then pure numpy over those arrays, never another forward pass.
+likely a member. The actors compute a snippet's :class:`SnippetStats` once per pass; every
+attack and every Min-K ratio is then pure numpy over those numbers. An attack that needs
+more than the target's plain forward pass says which passes with :func:`uses`
+(:data:`PASSES` describes them); attacks that need the same pass share it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ class SnippetStats:
     ``mu`` and ``sigma`` (T-1,) are the mean and std of log p(z | x_<=t) for z drawn from the
     model's own next-token distribution (the Min-K%++ normalisers).
     ``lower_loss``: mean NLL of the lowercased text; ``ref_loss``: mean NLL of this text under
-    the reference model. Both are None when the run did not compute them.
+    the reference model. The rest come from the other passes (:data:`PASSES`):
+    ``token_ids`` (T-1,) the scored tokens' ids; ``recall_loss`` / ``member_loss`` the mean
+    NLL of the same tokens read after the non-member / member prefix; ``token_freq`` (T-1,)
+    each scored token's smoothed frequency in a reference corpus; ``neighbour_losses`` the
+    neighbour texts' mean NLLs; ``augment_logprobs`` the augmented copies' token log-probs;
+    ``grad_norm`` the mean max-norm of the loss's gradient over the parameter tensors. Each
+    is None when the run did not compute it.
     """
 
     text: str
@@ -40,6 +48,13 @@ class SnippetStats:
     sigma: np.ndarray
     lower_loss: float | None = None
     ref_loss: float | None = None
+    token_ids: np.ndarray | None = None
+    recall_loss: float | None = None
+    member_loss: float | None = None
+    token_freq: np.ndarray | None = None
+    neighbour_losses: np.ndarray | None = None
+    augment_logprobs: tuple[np.ndarray, ...] | None = None
+    grad_norm: float | None = None
 
     def __post_init__(self) -> None:
         self.token_logprobs = np.asarray(self.token_logprobs, dtype=np.float64)
@@ -62,6 +77,56 @@ class SnippetStats:
 
 def _mean_nll(s: SnippetStats) -> float:
     return -float(np.mean(s.token_logprobs))
+
+
+# The passes an attack can cost, beyond the target's plain forward pass ("target").
+PASSES = {
+    "target": "one forward pass of the target",
+    "lowercase": "one more forward pass, of the lowercased text",
+    "reference": "one forward pass of the reference model",
+    "recall": "one forward pass after the non-member prefix",
+    "recall_member": "one forward pass after the member prefix",
+    "token_counts": "one read of the frequency corpus (cached), no model pass",
+    "neighbours": "one forward pass per neighbour text",
+    "augment": "one forward pass per augmented copy",
+    "gradient": "one forward and one backward pass",
+}
+
+
+def uses(*passes: str):
+    """Declare the passes an attack reads (the target's plain pass is always made)."""
+    unknown = set(passes) - set(PASSES)
+    if unknown:
+        raise ValueError(f"unknown passes {sorted(unknown)}")
+
+    def deco(fn):
+        fn.passes = ("target", *passes)
+        return fn
+
+    return deco
+
+
+def passes_of(attacks: Sequence[str]) -> dict[str, list[str]]:
+    """Per pass the attacks among ``attacks`` that read it, in :data:`PASSES` order."""
+    need: dict[str, list[str]] = {}
+    for name in attacks:
+        for p in getattr(get("attack", name), "passes", ("target",)):
+            need.setdefault(p, []).append(name)
+    return {p: need[p] for p in PASSES if p in need}
+
+
+def _given(s: SnippetStats, field: str, attack: str):
+    value = getattr(s, field)
+    if value is None:
+        raise SnippetError(f"attack {attack!r} needs {field} (its pass did not run)")
+    return value
+
+
+def _positive_nll(s: SnippetStats, attack: str) -> float:
+    nll = _mean_nll(s)
+    if not nll > 0:
+        raise SnippetError(f"attack {attack!r} divides by the mean NLL, which is {nll}")
+    return nll
 
 
 def _lowest_k_mean(values: np.ndarray, ratio: float) -> float:
@@ -110,6 +175,7 @@ def min_k_plus_plus(s: SnippetStats, ratio: float = 0.2) -> float:
 
 
 @register("attack", "lowercase")
+@uses("lowercase")
 def lowercase(s: SnippetStats) -> float:
     """Lowercase ratio (Carlini et al. 2021): -(mean NLL of text) / (mean NLL of lowercased text).
 
@@ -124,6 +190,7 @@ def lowercase(s: SnippetStats) -> float:
 
 
 @register("attack", "ref")
+@uses("reference")
 def ref(s: SnippetStats) -> float:
     """Reference-model attack (Carlini et al. 2021), difference form: ref_loss - mean NLL.
 
@@ -136,6 +203,107 @@ def ref(s: SnippetStats) -> float:
     return s.ref_loss - _mean_nll(s)
 
 
+@register("attack", "recall")
+@uses("recall")
+def recall(s: SnippetStats) -> float:
+    """ReCaLL (Xie et al. 2024): LL(x | P) / LL(x), P a prefix of non-member texts.
+
+    LL is the mean log-likelihood, so the ratio is NLL(x | P) / NLL(x): a member's
+    likelihood drops more when it is read after non-members, and its ratio is higher.
+    Here both means run over the same tokens, the T-1 the plain pass scores (the authors'
+    code, ruoyuxie/recall, also scores the first token and BOS after the prefix). The
+    prefix is cut from the left to fit the model's window (as Fast-MIA and MIMIR do; the
+    authors' default never cuts).
+    """
+    return _given(s, "recall_loss", "recall") / _positive_nll(s, "recall")
+
+
+@register("attack", "con_recall")
+@uses("recall", "recall_member")
+def con_recall(s: SnippetStats, gamma: float = 0.5) -> float:
+    """Con-ReCall (Wang et al. 2024): (LL(x | P_non) - gamma * LL(x | P_mem)) / LL(x).
+
+    With mean NLLs: (NLL(x | P_non) - gamma * NLL(x | P_mem)) / NLL(x), higher for members.
+    The authors sweep gamma over 0.1 .. 1.0; the default 0.5 is Fast-MIA's. Tokens as in
+    :func:`recall`.
+    """
+    non = _given(s, "recall_loss", "con_recall")
+    mem = _given(s, "member_loss", "con_recall")
+    return (non - gamma * mem) / _positive_nll(s, "con_recall")
+
+
+@register("attack", "dc_pdd")
+@uses("token_counts")
+def dc_pdd(s: SnippetStats, a: float = 0.01) -> float:
+    """DC-PDD (Zhang et al. 2024): mean over the first occurrence of each scored token of
+    min(p(x_i) * log(1 / f(x_i)), a), f the token's Laplace-smoothed frequency in a reference
+    corpus, (count + 1) / (total + V), and a = 0.01 the paper's bound. Higher for members.
+
+    The authors' released code indexes the unsmoothed frequencies (zhang-wei-chao/DC-PDD,
+    ``cal_met``); the paper and MIMIR smooth, as here. Tokens 2..T are scored, as the
+    authors do (MIMIR also scores the first).
+    """
+    ids = np.asarray(_given(s, "token_ids", "dc_pdd"))
+    freq = np.asarray(_given(s, "token_freq", "dc_pdd"), dtype=np.float64)
+    if ids.shape != s.token_logprobs.shape or freq.shape != ids.shape:
+        raise SnippetError("attack 'dc_pdd' needs one token id and frequency per scored token")
+    _, first = np.unique(ids, return_index=True)
+    first = np.sort(first)
+    alpha = np.exp(s.token_logprobs[first]) * -np.log(freq[first])
+    return float(np.mean(np.minimum(alpha, a)))
+
+
+def polarized_distance(token_logprobs: np.ndarray, low: float = 0.3, high: float = 0.05) -> float:
+    """PAC's polarized distance: the mean of the k_high largest token log-probs minus the
+    mean of the k_low smallest, k = max(1, int(share * n)) (Ye et al. 2024)."""
+    lp = np.sort(np.asarray(token_logprobs, dtype=np.float64))
+    n = lp.size
+    k_low, k_high = max(1, int(low * n)), max(1, int(high * n))
+    return float(lp[-k_high:].mean() - lp[:k_low].mean())
+
+
+@register("attack", "pac")
+@uses("augment")
+def pac(s: SnippetStats, low: float = 0.3, high: float = 0.05) -> float:
+    """PAC, polarized augment calibration (Ye et al. 2024): -(PD(x) - mean_j PD(x~_j)),
+    PD the :func:`polarized_distance` of the token log-probs and x~_j copies of x with words
+    swapped at random (:func:`mia_ray.features.augment.random_swaps`). The authors
+    (yyy01/PAC) call a low PAC a member; negated here, so higher is a member.
+    """
+    copies = _given(s, "augment_logprobs", "pac")
+    if not len(copies):
+        raise SnippetError("attack 'pac' needs at least one augmented copy")
+    calibration = np.mean([polarized_distance(c, low, high) for c in copies])
+    return -(polarized_distance(s.token_logprobs, low, high) - float(calibration))
+
+
+@register("attack", "neighbourhood")
+@uses("neighbours")
+def neighbourhood(s: SnippetStats) -> float:
+    """Neighbourhood comparison (Mattern et al. 2023): mean_j NLL(n_j) - NLL(x), the
+    neighbours n_j from :func:`mia_ray.features.neighbors.make_neighbours` (word swaps by
+    MiniLM embedding neighbours, not BERT's). A member sits below its neighbours: higher.
+    MIMIR's run effectively takes the neighbour of largest NLL (an ``np.min`` over the
+    per-neighbour differences); the paper and this take the mean.
+    """
+    nb = np.asarray(_given(s, "neighbour_losses", "neighbourhood"), dtype=np.float64)
+    if not nb.size:
+        raise SnippetError("attack 'neighbourhood' needs at least one neighbour")
+    return float(nb.mean()) - _mean_nll(s)
+
+
+@register("attack", "grad_norm")
+@uses("gradient")
+def grad_norm(s: SnippetStats) -> float:
+    """Gradient norm (as in MIMIR's GradNormAttack): minus the mean over the model's
+    parameter tensors of the max-norm of the gradient of the snippet's mean NLL. A member
+    sits near a minimum, where the gradient is small: higher. MIMIR returns the same
+    quantity but its evaluation negates every score, so there a larger norm counts as a
+    member; this keeps the direction the attack's reasoning gives.
+    """
+    return -float(_given(s, "grad_norm", "grad_norm"))
+
+
 def stats_from_columns(
     texts: Sequence[str],
     token_logprobs: Sequence[Sequence[float]],
@@ -143,11 +311,18 @@ def stats_from_columns(
     sigma: Sequence[Sequence[float]],
     lower_loss: Sequence[float] | None = None,
     ref_loss: Sequence[float] | None = None,
+    extra: dict[str, Sequence] | None = None,
 ) -> list[SnippetStats]:
-    """Row-aligned columns (as a Scorer writes them) -> one SnippetStats per snippet."""
+    """Row-aligned columns (as a Scorer writes them) -> one SnippetStats per snippet;
+    ``extra``: other passes' columns by :class:`SnippetStats` field name."""
     n = len(texts)
     lower = [None] * n if lower_loss is None else [float(v) for v in lower_loss]
     ref = [None] * n if ref_loss is None else [float(v) for v in ref_loss]
+    more = (
+        [dict(zip(extra, vals, strict=True)) for vals in zip(*extra.values(), strict=True)]
+        if extra
+        else [{}] * n
+    )
     return [
         SnippetStats(
             t,
@@ -156,8 +331,11 @@ def stats_from_columns(
             np.asarray(sd, np.float64),
             lo,
             rf,
+            **kw,
         )
-        for t, lp, m, sd, lo, rf in zip(texts, token_logprobs, mu, sigma, lower, ref, strict=True)
+        for t, lp, m, sd, lo, rf, kw in zip(
+            texts, token_logprobs, mu, sigma, lower, ref, more, strict=True
+        )
     ]
 
 
@@ -166,18 +344,20 @@ def score_table(
     attacks: Sequence[str],
     min_k_ratios: Sequence[float],
     min_k_ratio: float,
+    params: dict[str, dict] | None = None,
 ) -> dict[str, np.ndarray]:
     """One score column (n,) per attack, for n snippets.
 
     An attack that takes ``ratio`` (min_k, min_k_plus_plus) also gets a column
     ``f"{name}@{r:g}"`` per ratio in ``min_k_ratios``; its plain column is the one at
-    ``min_k_ratio``.
+    ``min_k_ratio``. ``params``: keyword arguments per attack (Con-ReCall's gamma, say).
     """
+    params = params or {}
     # Resolve every name first: a typo fails before any scoring.
     fns = {name: get("attack", name) for name in attacks}
 
-    def column(fn, **params) -> np.ndarray:
-        return np.fromiter((fn(s, **params) for s in stats), dtype=np.float64, count=len(stats))
+    def column(fn, **kw) -> np.ndarray:
+        return np.fromiter((fn(s, **kw) for s in stats), dtype=np.float64, count=len(stats))
 
     table: dict[str, np.ndarray] = {}
     for name, fn in fns.items():
@@ -188,7 +368,7 @@ def score_table(
             key = f"{name}@{min_k_ratio:g}"
             table[name] = table[key] if key in table else column(fn, ratio=min_k_ratio)
         else:
-            table[name] = column(fn)
+            table[name] = column(fn, **params.get(name, {}))
     return table
 
 

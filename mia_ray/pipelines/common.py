@@ -166,3 +166,10 @@ def snippets_of(docs, data_cfg, model_path: str):
         # The snippet tasks load the tokenizer on any node: a driver folder goes by storage.
         tokenizer_path=storage.stage(model_path) if data_cfg.snippet_unit == "tokens" else None,
     )
+
+
+def text_key(df) -> str:
+    """A key of rows' ``snippet_id`` and ``text``, whatever their order."""
+    import pandas as pd
+
+    return str(pd.util.hash_pandas_object(df[["snippet_id", "text"]], index=False).sum())

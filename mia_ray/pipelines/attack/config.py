@@ -11,9 +11,68 @@ from mia_ray.config import (
     ModelConfig,
     ResourcesConfig,
     WorldConfig,
+    check_at_least_1,
     check_attacks,
 )
 from mia_ray.errors import MiaError
+
+
+@dataclass
+class RecallConfig:
+    """ReCaLL's and Con-ReCall's prefixes: the first snippet of each of ``shots`` documents."""
+
+    # non-member documents (a path); "": `shots` non-members of the data, held out of the
+    # evaluation (the audit holds out unseen files, never used for calibration)
+    prefix: str = ""
+    # Con-ReCall's member documents (a path); "": `shots` members of the data, held out
+    member_prefix: str = ""
+    shots: int = 10  # Fast-MIA's default (the ReCaLL authors': 12)
+    gamma: float = 0.5  # Con-ReCall's weight of the member prefix (Fast-MIA's default)
+
+    def validate(self) -> None:
+        check_at_least_1({"attack.recall.shots": self.shots})
+        if not 0 <= self.gamma <= 1:
+            raise MiaError(f"attack.recall.gamma must lie in [0, 1], not {self.gamma}")
+
+
+@dataclass
+class DcPddConfig:
+    """DC-PDD's token frequencies: counted over a corpus the user names, cached by its key."""
+
+    corpus: str = ""  # documents (any data path); the demo world: its reference pool
+    max_tokens: int = 1024  # tokens counted per document (the authors' 1024)
+    a: float = 0.01  # the bound on a token's score (the paper's)
+
+    def validate(self) -> None:
+        check_at_least_1({"attack.dc_pdd.max_tokens": self.max_tokens})
+        if not self.a > 0:
+            raise MiaError(f"attack.dc_pdd.a must be > 0, not {self.a}")
+
+
+@dataclass
+class PacConfig:
+    copies: int = 5  # augmented copies per snippet (the authors' N)
+    swap_share: float = 0.3  # word swaps per copy: max(1, int(share * words))
+    low: float = 0.3  # share of the lowest token log-probs in the polarized distance
+    high: float = 0.05  # share of the highest
+
+    def validate(self) -> None:
+        check_at_least_1({"attack.pac.copies": self.copies})
+        for key in ("swap_share", "low", "high"):
+            v = getattr(self, key)
+            if not 0 < v <= 1:
+                raise MiaError(f"attack.pac.{key} must lie in (0, 1], not {v}")
+
+
+@dataclass
+class NeighbourhoodConfig:
+    n: int = 10  # neighbour texts per snippet
+    rate: float = 0.1  # share of eligible words swapped in each
+
+    def validate(self) -> None:
+        check_at_least_1({"attack.neighbourhood.n": self.n})
+        if not 0 < self.rate <= 1:
+            raise MiaError(f"attack.neighbourhood.rate must lie in (0, 1], not {self.rate}")
 
 
 @dataclass
@@ -25,9 +84,24 @@ class AttackConfig:
     min_k_ratio: float = 0.2  # the k reported as `min_k` / `min_k_plus_plus`
     level: str = "document"  # document | snippet: the unit that is evaluated
     aggregate: str = "mean"  # how snippet scores make a document score: mean | median | max
+    recall: RecallConfig = field(default_factory=RecallConfig)
+    dc_pdd: DcPddConfig = field(default_factory=DcPddConfig)
+    pac: PacConfig = field(default_factory=PacConfig)
+    neighbourhood: NeighbourhoodConfig = field(default_factory=NeighbourhoodConfig)
+    seed: int = 0  # held-out prefix documents, neighbours and augmented copies
+
+    def params(self) -> dict[str, dict]:
+        """Each attack's keyword arguments (``features.attacks.score_table``)."""
+        return {
+            "con_recall": {"gamma": self.recall.gamma},
+            "dc_pdd": {"a": self.dc_pdd.a},
+            "pac": {"low": self.pac.low, "high": self.pac.high},
+        }
 
     def validate(self) -> None:
         check_attacks("attack", self.attacks, self.min_k_ratios)
+        for section in (self.recall, self.dc_pdd, self.pac, self.neighbourhood):
+            section.validate()
         if self.level not in ("document", "snippet"):
             raise MiaError(f"attack.level must be document or snippet, not {self.level!r}")
         if self.aggregate not in ("mean", "median", "max"):
@@ -59,3 +133,8 @@ class AttackJobConfig(JobConfig):
                 raise MiaError("model.name_or_path is empty: give a hub name or a local folder")
         if "ref" in self.attack.attacks and not (self.model.reference or self.world.target):
             raise MiaError("attack 'ref' needs model.reference (a reference model), or drop it")
+        if "dc_pdd" in self.attack.attacks and not (self.attack.dc_pdd.corpus or self.world.target):
+            raise MiaError(
+                "attack 'dc_pdd' needs attack.dc_pdd.corpus (documents to count token "
+                "frequencies in, of the kind the model was trained on), or drop it"
+            )

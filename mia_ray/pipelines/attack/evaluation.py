@@ -17,6 +17,7 @@ def evaluate_attacks(cfg: AttackJobConfig, snip_scores, doc_scores, ctx: dict) -
     blind baseline on the same units, and the members' n-gram overlap with non-members."""
     from mia_ray.data.ngram import ngram_overlap_ds
     from mia_ray.detectors.blind import blind_baseline
+    from mia_ray.features.attacks import PASSES
     from mia_ray.stats.metrics import evaluate_scores
 
     unit = doc_scores if cfg.attack.level == "document" else snip_scores
@@ -52,6 +53,9 @@ def evaluate_attacks(cfg: AttackJobConfig, snip_scores, doc_scores, ctx: dict) -
         },
         "ci_level": cfg.eval.ci,
         "metrics": metrics,
+        # What each attack cost: the passes over the snippets and which attacks read each.
+        "passes": {p: {"attacks": names, "cost": PASSES[p]} for p, names in ctx["passes"].items()},
+        "held_out": ctx["held_out"],
     }
     if cfg.eval.blind_baseline:
         log("blind baseline (bag of words, never sees the model)")

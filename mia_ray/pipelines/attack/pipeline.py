@@ -18,17 +18,28 @@ from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
 
 
+def resolve(cfg: AttackJobConfig) -> AttackJobConfig:
+    """The demo world's paths filled in; DC-PDD counts tokens in the world's reference pool
+    (the reference model's documents, never evaluated) unless told otherwise."""
+    cfg = resolve_world(cfg)
+    if cfg.world.target and not cfg.attack.dc_pdd.corpus:
+        pool = Path(cfg.world.resolved_root()) / "corpus" / "reference_pool.jsonl"
+        cfg.attack.dc_pdd.corpus = str(pool)
+    return cfg
+
+
 @pipeline(
     "attack",
     AttackJobConfig,
-    help="classic membership attacks (LOSS, zlib, Min-K%, Min-K%++, lowercase, reference)",
-    resolve=resolve_world,
+    help="membership attacks: LOSS, zlib, Min-K%, Min-K%++, lowercase, reference, ReCaLL, "
+    "Con-ReCall, DC-PDD, PAC, neighbourhood, gradient norm",
+    resolve=resolve,
 )
 def run(cfg: AttackJobConfig, out: Path) -> dict:
     from mia_ray.reports.html import render_attack_report
     from mia_ray.reports.io import write_json, write_parquet
 
-    cfg = resolve_world(cfg)
+    cfg = resolve(cfg)
     check_target_early(cfg.model)
     if "ref" in cfg.attack.attacks:
         check_model_early(cfg.model.reference, "model.reference")

@@ -43,6 +43,14 @@ def report_notes(cfg: AttackJobConfig, report: dict) -> list[str]:
                 f"With {n_non} non-members the smallest non-zero FPR is 1/{n_non} = {floor:.2%}: "
                 f"TPR at FPR {', '.join(coarse)} is the TPR with no false positive at all."
             )
+    for side, ids in report.get("held_out", {}).items():
+        what = "non-member" if side == "non" else "member"
+        attacks = "ReCaLL's" if side == "non" else "Con-ReCall's"
+        notes.append(
+            f"{attacks} {what} prefix is the first snippet of {len(ids)} {what} documents of "
+            f"the data, held out of every attack's evaluation ({', '.join(ids[:5])}"
+            f"{', ...' if len(ids) > 5 else ''})."
+        )
     blind = report.get("blind_baseline")
     if blind:
         best = max(report["metrics"].items(), key=lambda kv: kv[1]["auc"])

@@ -18,9 +18,11 @@ from mia_ray.pipelines.common import (
 )
 
 
-def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, full: bool):
+def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, full: bool,
+                  context: str = "", grad_norm: bool = False):  # fmt: skip
     """``mapper(ds) -> ds``: a pool of Scorer actors over ``model_blocks`` (whole blocks of
-    whole model batches), as the pipelines run it."""
+    whole model batches), as the pipelines run it (``context``, ``grad_norm``: the Scorer's
+    other passes)."""
     import ray
 
     from mia_ray import storage
@@ -49,6 +51,8 @@ def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, 
                 "lowercase": lowercase,
                 "token_stats": full,
                 "prefix": prefix,
+                "context": context,
+                "grad_norm": grad_norm,
             },
             batch_size=None,
             batch_format="pandas",
@@ -69,12 +73,14 @@ def score_pool(
     full: bool,
     out_dir: Path,
     fp: str,
+    **passes,
 ):
     """Stream snippets (pandas: snippet_id, text) through one Scorer pool into the ``parts``
-    stage ``out_dir`` keyed ``fp`` (``stages.parts_stage``: resumable)."""
+    stage ``out_dir`` keyed ``fp`` (``stages.parts_stage``: resumable); ``passes``: the
+    Scorer's ``context`` or ``grad_norm``."""
     from mia_ray.stages import parts_stage
 
-    mapper = scorer_mapper(model_cfg, res_cfg, model, prefix, lowercase, full)
+    mapper = scorer_mapper(model_cfg, res_cfg, model, prefix, lowercase, full, **passes)
     return parts_stage(out_dir.parent, out_dir.name, fp, snippets, mapper, model_cfg.batch_size)
 
 
@@ -131,7 +137,8 @@ def score_attacks(
     as they are instead of the snippets ``cfg.data`` cuts from ``docs``.
     """
 
-    from mia_ray.features.attacks import score_table, stats_from_columns
+    from mia_ray.features.attacks import passes_of, score_table, stats_from_columns
+    from mia_ray.pipelines.attack.passes import recall_prefixes, run_passes
 
     t0 = time.time()
     if docs is None and snippets is None:
@@ -149,6 +156,14 @@ def score_attacks(
     t_data = time.time() - t0
 
     attacks = list(cfg.attack.attacks)
+    need = passes_of(attacks)
+    prefixes, held = recall_prefixes(cfg, need, snip_meta, labels)
+    gone = {d for ids in held.values() for d in ids}
+    if gone:
+        snip_meta = snip_meta[~snip_meta["doc_id"].isin(gone)].reset_index(drop=True)
+        labels = {d: y for d, y in labels.items() if d not in gone}
+        if docs is not None:
+            docs = docs.filter(lambda r: r["doc_id"] not in gone)
     snip_meta, n_cropped = crop_to_scored_span(snip_meta, cfg.model, "ref" in attacks)
     if n_cropped:
         log(
@@ -196,6 +211,7 @@ def score_attacks(
         )
     if len(merged) != len(snip_meta):
         raise MiaError(f"scored {len(merged)} of {len(snip_meta)} snippets: results are missing")
+    extra = run_passes(cfg, need, merged, out, fp_snip, prefixes)
     t_score = time.time() - t1
 
     stats = stats_from_columns(
@@ -205,8 +221,11 @@ def score_attacks(
         merged["sigma"],
         merged["lower_loss"] if "lower_loss" in merged else None,
         merged["ref_loss"] if "ref_loss" in merged else None,
+        extra,
     )
-    table = score_table(stats, attacks, cfg.attack.min_k_ratios, cfg.attack.min_k_ratio)
+    table = score_table(
+        stats, attacks, cfg.attack.min_k_ratios, cfg.attack.min_k_ratio, cfg.attack.params()
+    )
     snip_scores = merged[["snippet_id", "doc_id", "n_tokens"]].copy()
     for name, col in table.items():
         snip_scores[name] = col
@@ -234,5 +253,7 @@ def score_attacks(
             "target_rows": merged.drop(columns=["ref_loss"], errors="ignore"),
             "docs": docs,
             "score_cols": score_cols,
+            "passes": need,
+            "held_out": held,
         },
     )

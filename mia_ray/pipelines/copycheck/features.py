@@ -12,8 +12,9 @@ from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     fingerprint,
     log,
+    text_key,
 )
-from mia_ray.pipelines.copycheck.inputs import read_side, snippets_for, text_key
+from mia_ray.pipelines.copycheck.inputs import read_side, snippets_for
 
 
 def uncertainty_of(cfg, preds: pd.DataFrame) -> tuple[np.ndarray, list[str], np.ndarray]:

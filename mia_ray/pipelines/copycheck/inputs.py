@@ -100,7 +100,3 @@ def snippets_for(cfg: CopyCheckJobConfig, docs: pd.DataFrame) -> pd.DataFrame:
     if df["snippet_id"].duplicated().any():
         raise MiaError("snippet ids are not unique: are document ids unique?")
     return df.sort_values("snippet_id").reset_index(drop=True)
-
-
-def text_key(df: pd.DataFrame) -> str:
-    return str(pd.util.hash_pandas_object(df[["snippet_id", "text"]], index=False).sum())

@@ -13,9 +13,9 @@ from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
     fingerprint,
     log,
+    text_key,
 )
 from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
-from mia_ray.pipelines.copycheck.inputs import text_key
 from mia_ray.runtime import ray_options
 from mia_ray.stages import parts_stage
 

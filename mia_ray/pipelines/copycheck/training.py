@@ -9,9 +9,9 @@ import pandas as pd
 from mia_ray.pipelines.common import (
     fingerprint,
     log,
+    text_key,
 )
 from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
-from mia_ray.pipelines.copycheck.inputs import text_key
 
 
 def member_names(cfg: CopyCheckJobConfig) -> list[str]:
