@@ -111,6 +111,8 @@ def test_attack_demo_via_ray_job_submit(ray_head, test_world, tmp_path):
         f"world.root={test_world['root']}",
         "--set",
         "eval.bootstrap=200",
+        "--set",  # the one-pass attacks: this tests the job path, not the attacks
+        "attack.attacks=[loss,zlib,min_k,min_k_plus_plus,lowercase,ref]",
         "--out",
         str(out),
     ]

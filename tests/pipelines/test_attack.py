@@ -1,21 +1,28 @@
 """The attack pipeline end to end on the test world: planted signal found, none invented."""
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from mia_ray.cli import main
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-ATTACKS = ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"]
+ONE_PASS = ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"]
+ZOO = ["recall", "con_recall", "dc_pdd", "pac", "neighbourhood", "grad_norm"]
+ATTACKS = ONE_PASS + ZOO
 
 
 def _args(test_world, target, out):
     return [
         "attack", "--config", "jobs/attack_demo.yaml",
         "--set", "world.scale=test", "--set", f"world.root={test_world['root']}",
-        "--set", f"world.target={target}", "--set", "eval.bootstrap=500", "--out", str(out),
+        "--set", f"world.target={target}", "--set", "eval.bootstrap=500",
+        # the test world's 40 + 40 documents: 4 prefix shots each, 5 neighbours per snippet
+        "--set", "attack.recall.shots=4", "--set", "attack.neighbourhood.n=5",
+        "--out", str(out),
     ]  # fmt: skip
 
 
@@ -77,7 +84,11 @@ def test_interrupted_scoring_resumes_with_identical_numbers(tmp_path, test_world
 
 
 def test_no_signal_invented_on_an_untrained_model(tmp_path, ray_local, test_world):
-    _, report = _attack(tmp_path, test_world, "tiny-random", "random")
+    # 12 attacks at once: each interval at 1 - 0.05 / 12 (Bonferroni), so that the family
+    # fails by chance at most 5 % of the time, not 1 - 0.95^12 = 46 %.
+    out = tmp_path / "random"
+    assert main(_args(test_world, "tiny-random", out) + ["--set", "eval.ci=0.996"]) == 0
+    report = json.loads((out / "report.json").read_text())
     for name in ATTACKS:
         lo, hi = report["metrics"][name]["auc_ci"]
         assert lo <= 0.5 <= hi, (name, report["metrics"][name]["auc"], lo, hi)
@@ -194,3 +205,138 @@ def test_a_reference_with_another_tokenizer_scores_the_same_text(tmp_path, ray_l
 
 def test_report_numbers_match_the_snapshot(tiny_run, report_snapshot):
     report_snapshot(tiny_run[1], "attack-tiny")
+
+
+# ---------------------------------------------------------------- the attack zoo, by parity
+# Each new attack's per-snippet score recomputed here from its paper's definition with plain
+# transformers and numpy (not the project's Scorer or attack code), on the tiny target.
+
+
+class _Plain:
+    """The tiny target in this process: token log-probs, mean NLLs and gradients."""
+
+    def __init__(self, path: str, max_length: int = 256):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.tok = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.window = self.model.config.n_positions
+        self.max_length = min(max_length, self.window)
+
+    def ids(self, text: str) -> list[int]:
+        return self.tok(text)["input_ids"][: self.max_length]
+
+    def logprobs(self, ids: list[int], scored: int):
+        """log p of the last ``scored`` tokens of ``ids``, each given all before it."""
+        torch = self.torch
+        with torch.no_grad():
+            logits = self.model(torch.tensor([ids])).logits[0].double()
+        lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        return lp[len(ids) - 1 - scored :].numpy()
+
+    def nll(self, text: str) -> float:
+        ids = self.ids(text)
+        return -float(self.logprobs(ids, len(ids) - 1).mean())
+
+    def nll_after(self, prefix: str, text: str) -> float:
+        own = self.ids(text)
+        context = self.tok(prefix, add_special_tokens=False)["input_ids"]
+        room = self.window - len(own)
+        ids = context[len(context) - room :] + own if room > 0 else own
+        return -float(self.logprobs(ids, len(own) - 1).mean())
+
+    def grad_inf_norm(self, text: str) -> float:
+        torch = self.torch
+        ids = torch.tensor([self.ids(text)])
+        self.model.zero_grad()
+        logits = self.model(ids).logits[0]
+        loss = torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:])
+        loss.backward()
+        norms = [p.grad.abs().max().item() for p in self.model.parameters() if p.grad is not None]
+        return float(np.mean(norms))
+
+
+@pytest.fixture(scope="module")
+def zoo(tiny_run, test_world):
+    out, report = tiny_run
+    snip = pd.read_parquet(out / "snippet_scores.parquet").set_index("snippet_id")
+    return out, report, snip, _Plain(test_world["model"])
+
+
+def test_recall_and_con_recall_match_their_definitions(zoo):
+    out, report, snip, plain = zoo
+    prefixes = json.loads((out / "recall_prefixes.json").read_text())
+    docs = {json.loads(x)["id"]: json.loads(x)["text"] for x in open(report["data"]["path"])}
+    for side in ("non", "member"):  # each shot starts as a held-out document does
+        assert len(report["held_out"][side]) == 4
+        for doc_id in report["held_out"][side]:
+            assert " ".join(docs[doc_id].split()[:6]) in " ".join(prefixes[side].split())
+    held = set(report["held_out"]["non"]) | set(report["held_out"]["member"])
+    assert not held & set(snip["doc_id"])  # held out of every attack's evaluation
+    for sid, row in snip.head(12).iterrows():
+        own = plain.nll(row["text"])
+        non = plain.nll_after(prefixes["non"], row["text"])
+        mem = plain.nll_after(prefixes["member"], row["text"])
+        assert row["recall"] == pytest.approx(non / own, abs=1e-4), sid
+        assert row["con_recall"] == pytest.approx((non - 0.5 * mem) / own, abs=1e-4), sid
+
+
+def test_dc_pdd_matches_its_definition(zoo, test_world):
+    from collections import Counter
+
+    out, report, snip, plain = zoo
+    counts: Counter = Counter()
+    for line in open(Path(test_world["root"]) / "corpus" / "reference_pool.jsonl"):
+        text = json.loads(line)["text"]
+        counts.update(plain.tok(text, add_special_tokens=False)["input_ids"][:1024])
+    vocab, total = len(plain.tok), sum(counts.values())
+    for sid, row in snip.head(12).iterrows():
+        ids = plain.ids(row["text"])
+        p = np.exp(plain.logprobs(ids, len(ids) - 1))
+        seen, alphas = set(), []
+        for t, pt in zip(ids[1:], p, strict=True):
+            if t not in seen:
+                seen.add(t)
+                alphas.append(min(pt * -np.log((counts[t] + 1) / (total + vocab)), 0.01))
+        assert row["dc_pdd"] == pytest.approx(np.mean(alphas), abs=1e-4), sid
+
+
+def test_pac_neighbourhood_and_gradient_norm_match_their_definitions(zoo):
+    from mia_ray.features.augment import random_swaps
+    from mia_ray.features.neighbors import Lexicon, make_neighbours
+
+    out, report, snip, plain = zoo
+    lex = Lexicon.from_minilm()
+
+    def polarized(lp) -> float:
+        lp = sorted(lp)
+        low, high = max(1, int(0.3 * len(lp))), max(1, int(0.05 * len(lp)))
+        return float(np.mean(lp[-high:]) - np.mean(lp[:low]))
+
+    for sid, row in snip.head(8).iterrows():
+        text = row["text"]
+        ids = plain.ids(text)
+        copies = random_swaps(text, copies=5, share=0.3, seed=f"0:{sid}")
+        cal = np.mean(
+            [polarized(plain.logprobs(plain.ids(c), len(plain.ids(c)) - 1)) for c in copies]
+        )
+        assert row["pac"] == pytest.approx(
+            -(polarized(plain.logprobs(ids, len(ids) - 1)) - cal), abs=1e-4
+        )
+        neighbours = make_neighbours(text, 5, lex, seed=f"0:{sid}", rate=0.1)
+        nb = np.mean([plain.nll(t) for t in neighbours])
+        assert row["neighbourhood"] == pytest.approx(nb - plain.nll(text), abs=1e-4), sid
+        assert row["grad_norm"] == pytest.approx(-plain.grad_inf_norm(text), abs=1e-4), sid
+
+
+def test_the_report_lists_the_passes_each_attack_cost(zoo):
+    _, report, _, _ = zoo
+    passes = report["passes"]
+    assert list(passes) == ["target", "lowercase", "reference", "recall", "recall_member",
+                            "token_counts", "neighbours", "augment", "gradient"]  # fmt: skip
+    assert passes["recall"]["attacks"] == ["recall", "con_recall"]
+    assert passes["gradient"] == {"attacks": ["grad_norm"],
+                                  "cost": "one forward and one backward pass"}  # fmt: skip
+    assert sorted(passes["target"]["attacks"]) == sorted(ATTACKS)

@@ -46,6 +46,8 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
     snip_scores, doc_scores, ctx = score_attacks(cfg, out)
     write_parquet(out / "snippet_scores.parquet", snip_scores)
     write_parquet(out / "document_scores.parquet", doc_scores)
+    if ctx["prefixes"]:  # ReCaLL's and Con-ReCall's prefixes, as the model read them
+        write_json(out / "recall_prefixes.json", ctx["prefixes"])
     t2 = time.time()
     report = evaluate_attacks(cfg, snip_scores, doc_scores, ctx)
     report["notes"] = report_notes(cfg, report)

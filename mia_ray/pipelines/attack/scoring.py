@@ -235,6 +235,7 @@ def score_attacks(
     doc_scores["label"] = doc_scores["doc_id"].map(labels).astype(int)
     doc_scores["n_snippets"] = doc_scores["doc_id"].map(snip_scores.groupby("doc_id").size())
     snip_scores["n_chars"] = merged["text"].str.len().to_numpy()
+    snip_scores["text"] = merged["text"].to_numpy()  # exactly what every model scored
     timings = {
         "data_s": round(t_data, 2),
         "score_s": round(t_score, 2),
@@ -255,5 +256,6 @@ def score_attacks(
             "score_cols": score_cols,
             "passes": need,
             "held_out": held,
+            "prefixes": prefixes,
         },
     )
