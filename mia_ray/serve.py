@@ -3,7 +3,8 @@
 It exists so the API backend can be tested, and demonstrated, against a real HTTP server
 that needs no network: ``GET /v1/models`` and ``POST /v1/completions`` with ``prompt`` (a
 string or a list), ``echo``, ``logprobs`` (top-n), ``max_tokens`` (0 = score the prompt only)
-and greedy decoding (``temperature`` 0, also when left out). Prompts are tokenised without
+and greedy decoding (``temperature`` 0, also when left out), or sampling (``temperature`` >
+0 with ``n``, ``seed`` and ``top_k``; no echo or log-probs then). Prompts are tokenised without
 special tokens, as OpenAI's completion models do, so a prompt's first token has no log-prob.
 Errors are JSON ``{"error": {"message", "type"}}``; with an API key every request needs
 ``Authorization: Bearer <key>``. One request runs on the model at a time.
@@ -162,6 +163,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "the request body must be a JSON object")
         params = _parse(body, self.server.model_id)
         with self.server.model_lock:
+            if "sampling" in params:
+                return sampled(self.server.backend, self.server.model_id, **params)
             return complete(self.server.backend, self.server.model_id, **params)
 
 
@@ -190,14 +193,34 @@ def _parse(body: dict[str, Any], model_id: str) -> dict[str, Any]:
         return value
 
     temperature = body.get("temperature", 0)
-    if temperature != 0:
-        raise ApiError(
-            400, f"this server decodes greedily only: temperature must be 0, not {temperature!r}"
-        )
-    for name in ("n", "best_of"):
-        integer(name, 1, 1, 1)
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not 0 <= temperature <= 2
+    ):
+        raise ApiError(400, f"temperature must be a number from 0 to 2, not {temperature!r}")
     if body.get("stream"):
         raise ApiError(400, "stream is not supported")
+    if temperature > 0:
+        # Sampling: n texts per prompt from a seeded generator; no echo, no log-probs.
+        if body.get("echo") or body.get("logprobs") is not None:
+            raise ApiError(
+                400, "echo and logprobs are answered for greedy decoding (temperature 0) only"
+            )
+        if body.get("top_p", 1) != 1:
+            raise ApiError(400, f"top_p must be 1 (use top_k), not {body.get('top_p')!r}")
+        return {
+            "prompts": prompts,
+            "sampling": {
+                "temperature": float(temperature),
+                "top_k": integer("top_k", 0, 0, 1_000_000),
+            },
+            "n": integer("n", 1, 1, 128),
+            "seed": integer("seed", 0, 0, 2**63 - 1),
+            "max_tokens": integer("max_tokens", 16, 1, 1_000_000),
+        }
+    for name in ("n", "best_of"):
+        integer(name, 1, 1, 1)
     for name in ("stop", "suffix", "logit_bias"):
         if body.get(name):
             raise ApiError(400, f"{name} is not supported")
@@ -294,6 +317,23 @@ def complete(
             "total_tokens": n_prompt + n_gen,
         },
     }
+
+
+def sampled(backend: LocalHFBackend, model_id: str, prompts: list[str], sampling: dict,
+            n: int, seed: int, max_tokens: int) -> dict[str, Any]:  # fmt: skip
+    """The ``text_completion`` answer of sampling: prompt i's texts are choices i*n .. i*n+n-1
+    (OpenAI's order), drawn by :meth:`LocalHFBackend.sample` with ``seed``."""
+    from mia_ray.backends.base import SampleRequest
+
+    requests = [SampleRequest(p, n, max_tokens, seed) for p in prompts]
+    texts = backend.sample(requests, sampling["temperature"], sampling["top_k"])
+    choices = [
+        {"index": i * n + j, "text": t, "logprobs": None, "finish_reason": "length"}
+        for i, group in enumerate(texts)
+        for j, t in enumerate(group)
+    ]
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+            "created": int(time.time()), "model": model_id, "choices": choices}  # fmt: skip
 
 
 def _greedy(backend: LocalHFBackend, ids: list[int], max_new: int, top_n: int):

@@ -3,7 +3,13 @@
 Importing this package does not import torch: the local backend loads it when built.
 """
 
-from mia_ray.backends.base import Backend, LoglikRequest, LoglikResult, choice_logprobs
+from mia_ray.backends.base import (
+    Backend,
+    LoglikRequest,
+    LoglikResult,
+    SampleRequest,
+    choice_logprobs,
+)
 
 __all__ = [
     "Backend",
@@ -11,6 +17,7 @@ __all__ = [
     "LoglikResult",
     "LocalHFBackend",
     "OpenAICompletionsBackend",
+    "SampleRequest",
     "choice_logprobs",
     "from_spec",
 ]

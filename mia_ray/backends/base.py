@@ -50,6 +50,17 @@ class LoglikResult:
         return float(sum(self.logprobs))
 
 
+@dataclass(frozen=True)
+class SampleRequest:
+    """``n`` continuations of ``prompt``, at most ``max_tokens`` tokens each, drawn with a
+    generator seeded by ``seed`` (the same texts on every run where the backend allows)."""
+
+    prompt: str
+    n: int
+    max_tokens: int
+    seed: int
+
+
 class Backend:
     """A model that scores continuations: a local HF model or a completions API."""
 
@@ -58,6 +69,13 @@ class Backend:
     def loglikelihood(self, requests: list[LoglikRequest]) -> list[LoglikResult]:
         """One result per request, in the order of ``requests``."""
         raise NotImplementedError
+
+    def sample(
+        self, requests: list[SampleRequest], temperature: float = 1.0, top_k: int = 0
+    ) -> list[list[str]]:
+        """Per request its ``n`` continuations (text after the prompt), sampled at
+        ``temperature`` from the ``top_k`` likeliest tokens (0: all of them)."""
+        raise MiaError(f"{self.name} cannot sample continuations")
 
     def close(self) -> None:
         """Release what the backend holds (model memory, cache files)."""

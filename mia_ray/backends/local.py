@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mia_ray.backends.base import Backend, LoglikRequest, LoglikResult, no_token_error
+from mia_ray.backends.base import (
+    Backend,
+    LoglikRequest,
+    LoglikResult,
+    SampleRequest,
+    no_token_error,
+)
 from mia_ray.errors import MiaError
 
 
@@ -88,6 +94,32 @@ class LocalHFBackend(Backend):
         self._cache_key = "cache" if "cache" in params else "past_key_values"
         self.bos_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (self.bos_id or 0)
+
+    def sample(
+        self, requests: list[SampleRequest], temperature: float = 1.0, top_k: int = 0
+    ) -> list[list[str]]:
+        """Multinomial sampling with ``generate``, one request at a time, torch's generator
+        seeded with the request's seed (the same texts on every run on one device). The
+        prompt is tokenised without special tokens (an empty one starts from BOS) and loses
+        its oldest tokens to fit ``max_length``; a continuation stops at EOS."""
+        import torch
+
+        tok, out = self.tokenizer, []
+        for r in requests:
+            ids = tok(r.prompt, add_special_tokens=False)["input_ids"] or [self.bos_id]
+            if self.max_length:
+                ids = ids[max(0, len(ids) - max(1, self.max_length - r.max_tokens)) :]
+            x = torch.tensor([ids], device=self.device)
+            torch.manual_seed(r.seed)
+            with torch.inference_mode():
+                gen = self.model.generate(
+                    input_ids=x, attention_mask=torch.ones_like(x), do_sample=True,
+                    temperature=temperature, top_k=top_k or None, top_p=1.0,
+                    max_new_tokens=r.max_tokens, num_return_sequences=r.n,
+                    pad_token_id=self.pad_id,
+                )  # fmt: skip
+            out.append(tok.batch_decode(gen[:, len(ids) :], skip_special_tokens=True))
+        return out
 
     def encode(self, requests: list[LoglikRequest]) -> list[tuple[list[int], int]]:
         """``(token ids, number of continuation tokens at their end)`` per request, with the

@@ -27,7 +27,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from mia_ray.backends.base import Backend, LoglikRequest, LoglikResult, no_token_error
+from mia_ray.backends.base import (
+    Backend,
+    LoglikRequest,
+    LoglikResult,
+    SampleRequest,
+    no_token_error,
+)
 from mia_ray.errors import MiaError
 
 KEY_ENV_VARS = ("MIA_RAY_API_KEY", "OPENAI_API_KEY")
@@ -206,6 +212,42 @@ class OpenAICompletionsBackend(Backend):
             self._result(req, answers[k], cut)
             for req, k, cut in zip(requests, keys, cuts, strict=True)
         ]
+
+    def sample(
+        self, requests: list[SampleRequest], temperature: float = 1.0, top_k: int = 0
+    ) -> list[list[str]]:
+        """One ``/completions`` request per prompt with ``n``, ``temperature``, ``seed`` (and
+        ``top_k`` when set: vLLM's and ``mia-ray serve``'s extension; OpenAI's own API has
+        none), answers cached as scored ones are. Whether a seed fixes the texts is the
+        server's affair."""
+        out = []
+        for r in requests:
+            body = {"model": self.model, "prompt": r.prompt, "max_tokens": r.max_tokens,
+                    "temperature": temperature, "top_p": 1.0, "n": r.n, "seed": r.seed}  # fmt: skip
+            if top_k:
+                body["top_k"] = top_k
+            key = hashlib.sha256(
+                json.dumps([self.cache_scope, body], sort_keys=True).encode("utf-8")
+            ).hexdigest()
+            got = self.cache.get([key]) if self.cache else {}
+            if key in got:
+                with self._count_lock:
+                    self.cache_hits += 1
+                out.append(got[key])
+                continue
+            reply = self._post(body)
+            try:
+                texts = [c["text"] for c in sorted(reply["choices"], key=lambda c: int(c["index"]))]
+            except (KeyError, TypeError, ValueError):
+                raise MiaError(
+                    f"{self.url} answered without a list of choices with texts"
+                ) from None
+            if len(texts) != r.n:
+                raise MiaError(f"{self.url} answered {len(texts)} choices for n = {r.n}")
+            if self.cache:
+                self.cache.put({key: texts})
+            out.append(texts)
+        return out
 
     def _result(self, req: LoglikRequest, lp: dict[str, Any], cut: int) -> LoglikResult:
         offsets, tokens = lp["text_offset"], lp["tokens"]

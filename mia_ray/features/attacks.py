@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 import zlib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,8 +40,9 @@ class SnippetStats:
     NLL of the same tokens read after the non-member / member prefix; ``token_freq`` (T-1,)
     each scored token's smoothed frequency in a reference corpus; ``neighbour_losses`` the
     neighbour texts' mean NLLs; ``augment_logprobs`` the augmented copies' token log-probs;
-    ``grad_norm`` the mean max-norm of the loss's gradient over the parameter tensors. Each
-    is None when the run did not compute it.
+    ``grad_norm`` the mean max-norm of the loss's gradient over the parameter tensors;
+    ``samples`` continuations the model wrote after the snippet's first half
+    (:func:`samia_split`). Each is None when the run did not compute it.
     """
 
     text: str
@@ -55,6 +58,7 @@ class SnippetStats:
     neighbour_losses: np.ndarray | None = None
     augment_logprobs: tuple[np.ndarray, ...] | None = None
     grad_norm: float | None = None
+    samples: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self.token_logprobs = np.asarray(self.token_logprobs, dtype=np.float64)
@@ -90,6 +94,7 @@ PASSES = {
     "neighbours": "one forward pass per neighbour text",
     "augment": "one forward pass per augmented copy",
     "gradient": "one forward and one backward pass",
+    "samples": "sampled continuations of each snippet's first half (generation)",
 }
 
 
@@ -302,6 +307,42 @@ def grad_norm(s: SnippetStats) -> float:
     member; this keeps the direction the attack's reasoning gives.
     """
     return -float(_given(s, "grad_norm", "grad_norm"))
+
+
+def samia_split(text: str, ratio: float = 0.5) -> tuple[str, list[str]]:
+    """SaMIA's prompt and reference: the text up to the end of its first int(ratio * n)
+    whitespace-separated words (its own spacing kept), and the remaining words."""
+    spans = [m.span() for m in re.finditer(r"\S+", text)]
+    k = int(len(spans) * ratio)
+    prompt = text[: spans[k - 1][1]] if k else ""
+    return prompt, [text[a:b] for a, b in spans[k:]]
+
+
+def rouge1_recall(candidate: str, reference: Sequence[str]) -> float:
+    """ROUGE-1 recall as SaMIA's authors compute it: the reference's words (whitespace,
+    case-sensitive, no stemming) that the candidate also has, each counted at most as often
+    as the candidate has it, over the reference's length."""
+    ref, cand = Counter(reference), Counter(candidate.split())
+    return sum(min(n, cand[w]) for w, n in ref.items()) / len(reference)
+
+
+@register("attack", "samia")
+@uses("samples")
+def samia(s: SnippetStats, prefix_ratio: float = 0.5) -> float:
+    """SaMIA (Kaneko et al. 2024): the mean ROUGE-1 recall (:func:`rouge1_recall`) of the
+    true continuation by continuations the model samples after the snippet's first half
+    (:func:`samia_split`). Text only, so it runs on an API too. Higher for members. The
+    authors (nlp-titech/samia) sample up to 1024 tokens; here a sample is as long as the
+    true continuation in tokens unless ``attack.samia.max_tokens`` says otherwise (recall
+    grows with a candidate's length).
+    """
+    samples = _given(s, "samples", "samia")
+    _, reference = samia_split(s.text, prefix_ratio)
+    if not reference or not len(samples):
+        raise SnippetError(
+            f"attack 'samia' needs words after the prompt and samples: {s.text[:40]!r}"
+        )
+    return float(np.mean([rouge1_recall(c, reference) for c in samples]))
 
 
 def stats_from_columns(

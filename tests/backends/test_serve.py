@@ -83,17 +83,41 @@ def test_api_key_is_required_when_set(served_with_key, tiny):
     assert bad.requests_sent == 1
 
 
-def test_temperature_must_be_zero(served, tiny):
-    status, obj = _call(
-        served, "/completions", {"model": tiny, "prompt": "To be", "temperature": 0.7}
-    )
+def test_sampled_continuations_over_http_are_the_local_backends(served, local, tiny):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mia_ray.backends import SampleRequest
+
+    asks = [SampleRequest("To be or not to be", 3, 6, seed=11), SampleRequest("The king", 2, 4, 5)]
+    api = OpenAICompletionsBackend(served.base_url, tiny)
+    remote = api.sample(asks, temperature=1.0, top_k=50)
+    assert remote == local.sample(asks, temperature=1.0, top_k=50)
+    assert [len(t) for t in remote] == [3, 2] and len(set(remote[0])) > 1
+    # The same draw written out with transformers: seed, then generate the new tokens.
+    tok = AutoTokenizer.from_pretrained(tiny)
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    ids = torch.tensor([tok("To be or not to be")["input_ids"]])
+    torch.manual_seed(11)
+    gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=50,
+                         max_new_tokens=6, num_return_sequences=3, pad_token_id=tok.eos_token_id)  # fmt: skip
+    assert remote[0] == tok.batch_decode(gen[:, ids.shape[1] :], skip_special_tokens=True)
+    assert api.sample(asks[:1], temperature=1.0, top_k=50)[0] == remote[0]  # seeded: again
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"temperature": 3}, "temperature must be a number from 0 to 2, not 3"),
+        ({"temperature": 0.7, "echo": True},
+         "echo and logprobs are answered for greedy decoding (temperature 0) only"),
+        ({"temperature": 0.7, "top_p": 0.9}, "top_p must be 1 (use top_k), not 0.9"),
+        ({"temperature": 0.7, "n": 0}, "n must be an integer from 1 to 128, not 0"),
+    ],
+)  # fmt: skip
+def test_sampling_requests_it_cannot_answer(served, tiny, body, message):
+    status, obj = _call(served, "/completions", {"model": tiny, "prompt": "To be", **body})
     assert status == 400
-    assert obj == {
-        "error": {
-            "message": "this server decodes greedily only: temperature must be 0, not 0.7",
-            "type": "invalid_request_error",
-        }
-    }
+    assert obj == {"error": {"message": message, "type": "invalid_request_error"}}
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,14 @@ def test_neighbourhood_and_gradient_norm():
 
 def test_each_attack_names_the_passes_it_costs():
     need = A.passes_of(["loss", "con_recall", "recall", "dc_pdd", "grad_norm", "lowercase"])
-    assert list(need) == ["target", "lowercase", "recall", "recall_member", "token_counts", "gradient"]
+    assert list(need) == [
+        "target",
+        "lowercase",
+        "recall",
+        "recall_member",
+        "token_counts",
+        "gradient",
+    ]
     assert need["recall"] == ["con_recall", "recall"] and need["recall_member"] == ["con_recall"]
     assert len(need["target"]) == 6
 
@@ -109,3 +116,18 @@ def test_held_out_prefix_documents_and_the_prefix():
     snips = pd.DataFrame({"snippet_id": ["a#1", "a#0", "b#0"], "doc_id": ["a", "a", "b"],
                           "text": ["second", " first ", "other"]})  # fmt: skip
     assert prefix_of(snips, ["b", "a"]) == "other\n\nfirst\n\n"
+
+
+def test_samia_is_the_mean_rouge1_recall_of_the_true_continuation():
+    text = "the cat  sat on\nthe mat the end"
+    prompt, ref = A.samia_split(text)
+    assert prompt == "the cat  sat on" and ref == ["the", "mat", "the", "end"]
+    # "the the mat": the clipped overlap is 2 of "the" + 1 "mat" = 3 of 4 reference words.
+    assert A.rouge1_recall("the the mat", ref) == 0.75
+    assert A.rouge1_recall("The Mat", ref) == 0.0  # case-sensitive, as the authors'
+    s = A.SnippetStats(text, np.array([-1.0]), np.zeros(1), np.ones(1),
+                       samples=("the the mat", "end", "nothing"))  # fmt: skip
+    assert A.samia(s) == pytest.approx((0.75 + 0.25 + 0.0) / 3)
+    assert A.samia_split("one two three", 0.34) == ("one", ["two", "three"])
+    with pytest.raises(A.SnippetError, match="attack 'samia' needs samples"):
+        A.samia(A.SnippetStats(text, np.array([-1.0]), np.zeros(1), np.ones(1)))

@@ -11,7 +11,7 @@ from mia_ray.cli import main
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ONE_PASS = ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"]
-ZOO = ["recall", "con_recall", "dc_pdd", "pac", "neighbourhood", "grad_norm"]
+ZOO = ["recall", "con_recall", "dc_pdd", "pac", "samia", "neighbourhood", "grad_norm"]
 ATTACKS = ONE_PASS + ZOO
 
 
@@ -20,8 +20,10 @@ def _args(test_world, target, out):
         "attack", "--config", "jobs/attack_demo.yaml",
         "--set", "world.scale=test", "--set", f"world.root={test_world['root']}",
         "--set", f"world.target={target}", "--set", "eval.bootstrap=500",
-        # the test world's 40 + 40 documents: 4 prefix shots each, 5 neighbours per snippet
+        # the test world's 40 + 40 documents: 4 prefix shots each, 5 neighbours and 3
+        # samples per snippet
         "--set", "attack.recall.shots=4", "--set", "attack.neighbourhood.n=5",
+        "--set", "attack.samia.samples=3",
         "--out", str(out),
     ]  # fmt: skip
 
@@ -84,10 +86,12 @@ def test_interrupted_scoring_resumes_with_identical_numbers(tmp_path, test_world
 
 
 def test_no_signal_invented_on_an_untrained_model(tmp_path, ray_local, test_world):
-    # 12 attacks at once: each interval at 1 - 0.05 / 12 (Bonferroni), so that the family
-    # fails by chance at most 5 % of the time, not 1 - 0.95^12 = 46 %.
+    # 13 attacks at once: each interval at 1 - 0.05 / 13 (Bonferroni), so that the family
+    # fails by chance at most 5 % of the time, not 1 - 0.95^13 = 49 %.
     out = tmp_path / "random"
-    assert main(_args(test_world, "tiny-random", out) + ["--set", "eval.ci=0.996"]) == 0
+    cheaper = ["--set", "data.max_snippets_per_doc=2", "--set", "attack.neighbourhood.n=3",
+               "--set", "attack.pac.copies=2", "--set", "attack.samia.samples=2"]  # fmt: skip
+    assert main(_args(test_world, "tiny-random", out) + ["--set", "eval.ci=0.9962", *cheaper]) == 0
     report = json.loads((out / "report.json").read_text())
     for name in ATTACKS:
         lo, hi = report["metrics"][name]["auc_ci"]
@@ -335,8 +339,38 @@ def test_the_report_lists_the_passes_each_attack_cost(zoo):
     _, report, _, _ = zoo
     passes = report["passes"]
     assert list(passes) == ["target", "lowercase", "reference", "recall", "recall_member",
-                            "token_counts", "neighbours", "augment", "gradient"]  # fmt: skip
+                            "token_counts", "neighbours", "augment", "gradient", "samples"]  # fmt: skip
     assert passes["recall"]["attacks"] == ["recall", "con_recall"]
     assert passes["gradient"] == {"attacks": ["grad_norm"],
                                   "cost": "one forward and one backward pass"}  # fmt: skip
     assert sorted(passes["target"]["attacks"]) == sorted(ATTACKS)
+
+
+def test_samia_matches_its_definition(zoo):
+    import hashlib
+    from collections import Counter
+
+    out, report, snip, plain = zoo
+    torch = plain.torch
+    for sid, row in snip.head(6).iterrows():
+        words = row["text"].split()
+        half = len(words) // 2
+        # The prompt: the text up to the end of its first half of words, spacing kept.
+        end, at = 0, 0
+        for w in words[:half]:
+            at = row["text"].index(w, end)
+            end = at + len(w)
+        prompt, rest = row["text"][:end], row["text"][end:]
+        seed = int.from_bytes(hashlib.sha256(f"0:{sid}".encode()).digest()[:8], "little")
+        ids = torch.tensor([plain.tok(prompt, add_special_tokens=False)["input_ids"]])
+        torch.manual_seed(seed & (2**63 - 1))
+        gen = plain.model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=50,
+            max_new_tokens=len(plain.tok(rest, add_special_tokens=False)["input_ids"]),
+            num_return_sequences=3, pad_token_id=plain.tok.eos_token_id,
+        )  # fmt: skip
+        samples = plain.tok.batch_decode(gen[:, ids.shape[1] :], skip_special_tokens=True)
+        ref = Counter(words[half:])
+        recall = [sum(min(n, Counter(c.split())[w]) for w, n in ref.items()) / sum(ref.values())
+                  for c in samples]  # fmt: skip
+        assert row["samia"] == pytest.approx(np.mean(recall), abs=1e-4), sid

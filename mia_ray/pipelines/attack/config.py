@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mia_ray.config import (
+    BackendConfig,
     DataConfig,
     EvalConfig,
     JobConfig,
@@ -76,6 +77,34 @@ class NeighbourhoodConfig:
 
 
 @dataclass
+class SamiaConfig:
+    """SaMIA's samples: continuations of each snippet's first half, from the target loaded
+    here or through an OpenAI-compatible API (``backend``)."""
+
+    samples: int = 10  # continuations per snippet (the authors' 10)
+    prefix_ratio: float = 0.5  # share of the words given as the prompt
+    temperature: float = 1.0
+    top_k: int = 50  # 0: all tokens (OpenAI's own API takes no top_k)
+    max_tokens: int = 0  # per sample; 0: as many as the true continuation has (local only)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+
+    def validate(self) -> None:
+        check_at_least_1({"attack.samia.samples": self.samples})
+        if not 0 < self.prefix_ratio < 1:
+            raise MiaError(f"attack.samia.prefix_ratio must lie in (0, 1), not {self.prefix_ratio}")
+        if not 0 < self.temperature <= 2:
+            raise MiaError(f"attack.samia.temperature must lie in (0, 2], not {self.temperature}")
+        if self.top_k < 0 or self.max_tokens < 0:
+            raise MiaError("attack.samia.top_k and max_tokens must be 0 or more")
+        self.backend.validate()
+        if self.backend.kind == "openai" and not self.backend.serve and not self.max_tokens:
+            raise MiaError(
+                "attack.samia.max_tokens must be set for an API backend: without the model's "
+                "tokenizer the true continuation's length in tokens is unknown"
+            )
+
+
+@dataclass
 class AttackConfig:
     attacks: list[str] = field(
         default_factory=lambda: ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "ref"]
@@ -88,6 +117,7 @@ class AttackConfig:
     dc_pdd: DcPddConfig = field(default_factory=DcPddConfig)
     pac: PacConfig = field(default_factory=PacConfig)
     neighbourhood: NeighbourhoodConfig = field(default_factory=NeighbourhoodConfig)
+    samia: SamiaConfig = field(default_factory=SamiaConfig)
     seed: int = 0  # held-out prefix documents, neighbours and augmented copies
 
     def params(self) -> dict[str, dict]:
@@ -96,11 +126,12 @@ class AttackConfig:
             "con_recall": {"gamma": self.recall.gamma},
             "dc_pdd": {"a": self.dc_pdd.a},
             "pac": {"low": self.pac.low, "high": self.pac.high},
+            "samia": {"prefix_ratio": self.samia.prefix_ratio},
         }
 
     def validate(self) -> None:
         check_attacks("attack", self.attacks, self.min_k_ratios)
-        for section in (self.recall, self.dc_pdd, self.pac, self.neighbourhood):
+        for section in (self.recall, self.dc_pdd, self.pac, self.neighbourhood, self.samia):
             section.validate()
         if self.level not in ("document", "snippet"):
             raise MiaError(f"attack.level must be document or snippet, not {self.level!r}")

@@ -6,6 +6,7 @@ by the corpus and the tokenizer."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -216,7 +217,63 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         got = pool(rows, "augment", fingerprint(text_key(rows), key, "full"), full=True)
         lps = per_snippet(ids, got, "aug", pc.copies, "token_logprobs")
         extra["augment_logprobs"] = [tuple(np.asarray(x) for x in v) for v in lps]
+    if "samples" in need:
+        got = sampled(cfg, scored, out, fp_snip).set_index("snippet_id")
+        extra["samples"] = [tuple(json.loads(v)) for v in got.loc[ids, "samples"]]
     if "gradient" in need:
         got = pool(scored, "gradient", fingerprint(fp_snip, key, "grad"), grad_norm=True)
         extra["grad_norm"] = got.set_index("snippet_id").loc[ids, "grad_norm"].tolist()
     return extra
+
+
+def sampled(cfg, scored: pd.DataFrame, out: Path, fp_snip: str) -> pd.DataFrame:
+    """SaMIA's samples (``snippet_id``, ``samples``) from a pool of Continuations actors over
+    the target (loaded in each actor), an API, or the target behind ``mia-ray serve``; a
+    parts stage keyed by the texts, the model (or the API's URL and model name) and every
+    sampling setting."""
+    import ray
+
+    from mia_ray import storage
+    from mia_ray.actors.backend import Continuations
+    from mia_ray.config import to_dict
+    from mia_ray.pipelines.attack.scoring import scorer_key
+    from mia_ray.runtime import ray_options
+    from mia_ray.stages import parts_stage
+
+    sc, res, b = cfg.attack.samia, cfg.resources, cfg.attack.samia.backend
+    local = b.kind == "local" or b.serve
+    ident = scorer_key(cfg.model, res) if local else f"{b.base_url}|{b.model}"
+    key = fingerprint(fp_snip, ident, to_dict(sc), cfg.attack.seed)
+    spec = {**to_dict(b), "model": b.model or cfg.model.name_or_path,
+            "torch_threads": res.torch_threads,
+            "cache_dir": str(out / "backend-cache") if not local else ""}  # fmt: skip
+    stop = None
+    if b.serve:
+        from mia_ray.serve import serve_in_thread
+
+        spec["base_url"], stop = serve_in_thread(
+            cfg.model.name_or_path, device=b.device, dtype=b.dtype
+        )
+        spec["kind"], spec["cache_dir"] = "openai", ""
+        spec["model"] = cfg.model.name_or_path
+    if spec["kind"] == "local":
+        spec["model"] = storage.stage(spec["model"])
+        opts = ray_options(res, res.cpus_per_actor, res.gpus_per_actor)
+    else:  # an API client: on the driver's node, where its cache and a served port are
+        opts = {"num_cpus": res.cpus_per_actor, "num_gpus": 0, **storage.node_affinity()}
+    kwargs = {"spec": spec, "n": sc.samples, "ratio": sc.prefix_ratio, "temperature": sc.temperature,
+              "top_k": sc.top_k, "max_tokens": sc.max_tokens, "seed": cfg.attack.seed,
+              "tokenizer": cfg.model.name_or_path if b.serve else ""}  # fmt: skip
+
+    def mapper(todo):
+        return todo.map_batches(Continuations, fn_constructor_kwargs=kwargs, batch_size=None,
+                                batch_format="pandas",
+                                compute=ray.data.ActorPoolStrategy(size=res.scorer_actors), **opts)  # fmt: skip
+
+    log(f"pass samples: {sc.samples} continuations of each of {len(scored)} snippets "
+        f"through the {spec['kind']} backend")  # fmt: skip
+    try:
+        return parts_stage(out, "rows/samples", key, scored, mapper, cfg.model.batch_size)
+    finally:
+        if stop is not None:
+            stop()
