@@ -374,3 +374,17 @@ def test_samia_matches_its_definition(zoo):
         recall = [sum(min(n, Counter(c.split())[w]) for w, n in ref.items()) / sum(ref.values())
                   for c in samples]  # fmt: skip
         assert row["samia"] == pytest.approx(np.mean(recall), abs=1e-4), sid
+
+
+def test_samia_through_the_completions_api_scores_as_the_local_target(zoo, tmp_path, test_world):
+    """SaMIA needs text only: the same attack through `mia-ray serve` over loopback HTTP."""
+    out, _, snip, _ = zoo
+    api = tmp_path / "api"
+    args = _args(test_world, "tiny", api) + ["--set", "attack.attacks=[loss,samia]",
+                                  "--set", "attack.samia.backend.serve=true"]  # fmt: skip
+    assert main(args) == 0
+    over_http = pd.read_parquet(api / "snippet_scores.parquet").set_index("snippet_id")
+    both = over_http.index.intersection(snip.index)
+    assert len(both) >= 60  # all but the snippets of the 8 documents the prefixes held out
+    np.testing.assert_allclose(over_http.loc[both, "samia"], snip.loc[both, "samia"], atol=1e-12)
+    assert (api / "backend-cache").exists() is False  # a served target is never cached
