@@ -143,7 +143,12 @@ def test_different_kinds_of_files_trip_the_blind_check(tmp_path, ray_local, audi
     inputs["suspected"] = _write_jsonl(tmp_path / "web.jsonl", web[:24])
     inputs["unseen"] = _write_jsonl(tmp_path / "books.jsonl", books[:24])
     inputs["labels"] = _write_jsonl(tmp_path / "none.jsonl", [])
-    r = _audit(tmp_path / "kinds", inputs, "tiny-random", "--set", "data.labels=")
+    # The one-pass features (ReCaLL would hold 4 of the 24 books out for its prefix): this
+    # tests the verdict when both the dataset test and the blind check reject.
+    one_pass = "audit.attacks=[loss,zlib,min_k,min_k_plus_plus,lowercase]"
+    r = _audit(
+        tmp_path / "kinds", inputs, "tiny-random", "--set", "data.labels=", "--set", one_pass
+    )
     assert r["blind_check"]["reject"] and r["blind_check"]["p_value"] < 0.01
     assert not r["verdict"]["trained"]
     assert r["verdict"]["text"].startswith("Not evidence of training")

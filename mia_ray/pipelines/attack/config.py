@@ -30,10 +30,10 @@ class RecallConfig:
     shots: int = 10  # Fast-MIA's default (the ReCaLL authors': 12)
     gamma: float = 0.5  # Con-ReCall's weight of the member prefix (Fast-MIA's default)
 
-    def validate(self) -> None:
-        check_at_least_1({"attack.recall.shots": self.shots})
+    def validate(self, section: str = "attack") -> None:
+        check_at_least_1({f"{section}.recall.shots": self.shots})
         if not 0 <= self.gamma <= 1:
-            raise MiaError(f"attack.recall.gamma must lie in [0, 1], not {self.gamma}")
+            raise MiaError(f"{section}.recall.gamma must lie in [0, 1], not {self.gamma}")
 
 
 @dataclass
@@ -44,10 +44,10 @@ class DcPddConfig:
     max_tokens: int = 1024  # tokens counted per document (the authors' 1024)
     a: float = 0.01  # the bound on a token's score (the paper's)
 
-    def validate(self) -> None:
-        check_at_least_1({"attack.dc_pdd.max_tokens": self.max_tokens})
+    def validate(self, section: str = "attack") -> None:
+        check_at_least_1({f"{section}.dc_pdd.max_tokens": self.max_tokens})
         if not self.a > 0:
-            raise MiaError(f"attack.dc_pdd.a must be > 0, not {self.a}")
+            raise MiaError(f"{section}.dc_pdd.a must be > 0, not {self.a}")
 
 
 @dataclass
@@ -57,12 +57,12 @@ class PacConfig:
     low: float = 0.3  # share of the lowest token log-probs in the polarized distance
     high: float = 0.05  # share of the highest
 
-    def validate(self) -> None:
-        check_at_least_1({"attack.pac.copies": self.copies})
+    def validate(self, section: str = "attack") -> None:
+        check_at_least_1({f"{section}.pac.copies": self.copies})
         for key in ("swap_share", "low", "high"):
             v = getattr(self, key)
             if not 0 < v <= 1:
-                raise MiaError(f"attack.pac.{key} must lie in (0, 1], not {v}")
+                raise MiaError(f"{section}.pac.{key} must lie in (0, 1], not {v}")
 
 
 @dataclass
@@ -70,10 +70,10 @@ class NeighbourhoodConfig:
     n: int = 10  # neighbour texts per snippet
     rate: float = 0.1  # share of eligible words swapped in each
 
-    def validate(self) -> None:
-        check_at_least_1({"attack.neighbourhood.n": self.n})
+    def validate(self, section: str = "attack") -> None:
+        check_at_least_1({f"{section}.neighbourhood.n": self.n})
         if not 0 < self.rate <= 1:
-            raise MiaError(f"attack.neighbourhood.rate must lie in (0, 1], not {self.rate}")
+            raise MiaError(f"{section}.neighbourhood.rate must lie in (0, 1], not {self.rate}")
 
 
 @dataclass
@@ -88,18 +88,22 @@ class SamiaConfig:
     max_tokens: int = 0  # per sample; 0: as many as the true continuation has (local only)
     backend: BackendConfig = field(default_factory=BackendConfig)
 
-    def validate(self) -> None:
-        check_at_least_1({"attack.samia.samples": self.samples})
+    def validate(self, section: str = "attack") -> None:
+        check_at_least_1({f"{section}.samia.samples": self.samples})
         if not 0 < self.prefix_ratio < 1:
-            raise MiaError(f"attack.samia.prefix_ratio must lie in (0, 1), not {self.prefix_ratio}")
+            raise MiaError(
+                f"{section}.samia.prefix_ratio must lie in (0, 1), not {self.prefix_ratio}"
+            )
         if not 0 < self.temperature <= 2:
-            raise MiaError(f"attack.samia.temperature must lie in (0, 2], not {self.temperature}")
+            raise MiaError(
+                f"{section}.samia.temperature must lie in (0, 2], not {self.temperature}"
+            )
         if self.top_k < 0 or self.max_tokens < 0:
-            raise MiaError("attack.samia.top_k and max_tokens must be 0 or more")
+            raise MiaError(f"{section}.samia.top_k and max_tokens must be 0 or more")
         self.backend.validate()
         if self.backend.kind == "openai" and not self.backend.serve and not self.max_tokens:
             raise MiaError(
-                "attack.samia.max_tokens must be set for an API backend: without the model's "
+                f"{section}.samia.max_tokens must be set for an API backend: without the model's "
                 "tokenizer the true continuation's length in tokens is unknown"
             )
 

@@ -18,7 +18,8 @@ from mia_ray.pipelines.common import fingerprint, log, text_key
 PREFIX_SEPARATOR = "\n\n"
 
 
-def _rank(seed: int, doc_id: str) -> bytes:
+def rank(seed: int, doc_id: str) -> bytes:
+    """A document's place in a seeded order (the prefix shots are taken first to last)."""
     return hashlib.sha256(f"{seed}\x1f{doc_id}".encode()).digest()
 
 
@@ -26,7 +27,7 @@ def held_out(labels: dict[str, int], label: int, n: int, seed: int) -> list[str]
     """``n`` documents of class ``label``, the smallest by SHA-256 of ``seed`` and their id
     (the same ones on every run); an error when the class has fewer than ``n`` + 2 (two stay
     to be evaluated)."""
-    ids = sorted((d for d, y in labels.items() if y == label), key=lambda d: _rank(seed, d))
+    ids = sorted((d for d, y in labels.items() if y == label), key=lambda d: rank(seed, d))
     if len(ids) < n + 2:
         what = "non-members" if label == 0 else "members"
         raise MiaError(
@@ -52,7 +53,7 @@ def prefix_from_path(path: str, cfg, n: int, seed: int) -> tuple[str, list[str]]
                           id_field=cfg.data.id_field)  # fmt: skip
     snips = snippets_of(docs, cfg.data, cfg.model.name_or_path).materialize()
     snips = snips.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
-    ids = sorted(set(snips["doc_id"]), key=lambda d: _rank(seed, d))[:n]
+    ids = sorted(set(snips["doc_id"]), key=lambda d: rank(seed, d))[:n]
     if len(ids) < n:
         raise MiaError(f"attack.recall: {path} has {len(ids)} documents, not the {n} shots")
     return prefix_of(snips, sorted(ids)), sorted(ids)

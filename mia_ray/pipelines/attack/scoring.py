@@ -129,12 +129,14 @@ def score_attacks(
     docs=None,
     labels: dict[str, int] | None = None,
     snippets: pd.DataFrame | None = None,
+    prefixes: dict[str, str] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Snippet-level and document-level attack scores; also returns the labels and timings.
 
     ``docs`` (a Ray Dataset with doc_id, text) and ``labels`` (doc_id -> 0/1) are read from
     ``cfg.data`` unless given; ``snippets`` (snippet_id, doc_id, text), when given, are scored
-    as they are instead of the snippets ``cfg.data`` cuts from ``docs``.
+    as they are instead of the snippets ``cfg.data`` cuts from ``docs``; ``prefixes``, when
+    given, are ReCaLL's and Con-ReCall's (else made from ``cfg.attack.recall``).
     """
 
     from mia_ray.features.attacks import passes_of, score_table, stats_from_columns
@@ -157,7 +159,9 @@ def score_attacks(
 
     attacks = list(cfg.attack.attacks)
     need = passes_of(attacks)
-    prefixes, held = recall_prefixes(cfg, need, snip_meta, labels)
+    held: dict[str, list[str]] = {}
+    if prefixes is None:
+        prefixes, held = recall_prefixes(cfg, need, snip_meta, labels)
     gone = {d for ids in held.values() for d in ids}
     if gone:
         snip_meta = snip_meta[~snip_meta["doc_id"].isin(gone)].reset_index(drop=True)

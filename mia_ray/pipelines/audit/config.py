@@ -16,6 +16,14 @@ from mia_ray.config import (
     hint,
 )
 from mia_ray.errors import MiaError
+from mia_ray.pipelines.attack.config import (
+    AttackConfig,
+    DcPddConfig,
+    NeighbourhoodConfig,
+    PacConfig,
+    RecallConfig,
+    SamiaConfig,
+)
 
 AUDIT_METHODS = ("copycheck", "memhunter", "leakage")
 
@@ -44,11 +52,20 @@ class AuditConfig:
     snippets_per_file: int = 0
     # group files that share long word spans (8-grams; data/neardup.py) as one source
     near_duplicates: bool = True
-    # features for the linear model (reference-free attacks; "ref" joins with model.reference)
+    # features for the linear model (any attack; "ref" joins with model.reference). ReCaLL's
+    # prefix: audit.recall.prefix, or else unseen files of whole sources held out of the
+    # audit (never calibrated on), so every p-value stays valid
     attacks: list[str] = field(
-        default_factory=lambda: ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase"]
+        default_factory=lambda: ["loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "recall"]
     )
     min_k_ratios: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.3, 0.5])
+    # the attacks' settings, as in `mia-ray attack` (Con-ReCall needs recall.member_prefix)
+    # 4 shots, not the attack's 10: each held-out unseen file is one less to calibrate with
+    recall: RecallConfig = field(default_factory=lambda: RecallConfig(shots=4))
+    dc_pdd: DcPddConfig = field(default_factory=DcPddConfig)
+    pac: PacConfig = field(default_factory=PacConfig)
+    neighbourhood: NeighbourhoodConfig = field(default_factory=NeighbourhoodConfig)
+    samia: SamiaConfig = field(default_factory=SamiaConfig)
     C: float = 1.0  # inverse ridge strength of the discriminant on standardized file features
     blind_check: bool = True
     null_check: bool = True
@@ -85,6 +102,24 @@ class AuditConfig:
         check_attacks("audit", self.attacks, self.min_k_ratios)
         if "ref" in self.attacks:
             raise MiaError("audit.attacks: leave 'ref' out; it joins when model.reference is set")
+        for section in (self.recall, self.dc_pdd, self.pac, self.neighbourhood, self.samia):
+            section.validate("audit")
+        if "con_recall" in self.attacks and not self.recall.member_prefix:
+            raise MiaError(
+                "audit.attacks: con_recall needs audit.recall.member_prefix, files the model "
+                "surely trained on (the suspected files cannot serve: their membership is the "
+                "question)"
+            )
+
+    def attack_config(self, with_reference: bool) -> AttackConfig:
+        """The features as the attack pipeline computes them."""
+        attacks = [*self.attacks, *(["ref"] if with_reference else [])]
+        return AttackConfig(
+            attacks=attacks, min_k_ratios=list(self.min_k_ratios),
+            min_k_ratio=self.min_k_ratios[0], recall=self.recall, dc_pdd=self.dc_pdd,
+            pac=self.pac, neighbourhood=self.neighbourhood, samia=self.samia,
+            seed=self.seed,
+        )  # fmt: skip
         for m in self.method_settings:
             if m not in self.methods:
                 raise MiaError(
@@ -110,6 +145,11 @@ class AuditJobConfig(JobConfig):
     world: WorldConfig = field(default_factory=WorldConfig)
 
     def check(self) -> None:
+        if "dc_pdd" in self.audit.attacks and not (self.audit.dc_pdd.corpus or self.world.target):
+            raise MiaError(
+                "audit.attacks: dc_pdd needs audit.dc_pdd.corpus (documents to count token "
+                "frequencies in, of the kind the model was trained on)"
+            )
         if self.data.path:
             raise MiaError(
                 "data.path is not read by audit: give --suspected and --unseen "

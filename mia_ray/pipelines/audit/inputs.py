@@ -39,6 +39,8 @@ def resolve_world(cfg: AuditJobConfig) -> AuditJobConfig:
     cfg.data.labels = cfg.data.labels or split["labels"]
     cfg.model.name_or_path = cfg.model.name_or_path or info["model"]
     cfg.model.reference = cfg.model.reference or info["reference"]
+    # DC-PDD counts tokens in the reference model's documents, never audited.
+    cfg.audit.dc_pdd.corpus = cfg.audit.dc_pdd.corpus or info["reference_pool"]
     return cfg
 
 
@@ -288,11 +290,61 @@ def prepare_files(cfg: AuditJobConfig):
             "shorter than audit.snippets_per_file full snippets, or near-duplicates of an "
             "unseen file. A smaller data.snippet_size or audit.snippets_per_file keeps more"
         ) from None
+    files, snippets, prefixes, held = audit_prefixes(cfg, files, snippets)
+    if held:
+        calib, n_src = check_sources(cfg, files)
     truth = truth_labels(cfg, files)
     log(
         f"{int(files['side'].sum())} suspected and {int((files['side'] == 0).sum())} unseen "
         f"files ({int(n_src[1])} and {int(n_src[0])} independent sources), "
         f"{lengths['lengths']['snippets_per_file']} snippet(s) of each"
     )
-    inputs = {**sources, **lengths, "left_out": left_out}
+    inputs = {**sources, **lengths, "left_out": left_out, "prefixes": prefixes, "held_out": held}
     return files, snippets, truth, calib, inputs
+
+
+def audit_prefixes(cfg: AuditJobConfig, files: pd.DataFrame, snippets: pd.DataFrame):
+    """ReCaLL's non-member prefix and Con-ReCall's member prefix, for the attacks that read
+    them: from ``audit.recall.prefix`` / ``member_prefix``, or (ReCaLL) from unseen files
+    held out of the audit. Held out are whole sources, in the order of a hash of the seed and
+    their name, until ``shots`` files are gathered: none of their files is scored or
+    calibrated on, so the prefix is a fixed part of the score function for every file that
+    remains, and the remaining unseen files stay exchangeable with a suspected file the model
+    never saw (the p-values' premise). Returns ``(files, snippets, prefixes, held)``, ``held``
+    the prefix's files and every file left out with them."""
+    from mia_ray.features.attacks import passes_of
+    from mia_ray.pipelines.attack.passes import prefix_from_path, prefix_of, rank
+
+    a, r = cfg.audit, cfg.audit.recall
+    need = passes_of(a.attacks)
+    prefixes: dict[str, str] = {}
+    held: dict = {}
+    if "recall_member" in need:
+        prefixes["member"], _ = prefix_from_path(r.member_prefix, cfg, r.shots, a.seed)
+    if "recall" in need and r.prefix:
+        prefixes["non"], _ = prefix_from_path(r.prefix, cfg, r.shots, a.seed)
+    elif "recall" in need:
+        unseen = files[files["side"] == 0]
+        chosen, sources = [], []
+        for src in sorted(set(unseen["source"]), key=lambda x: rank(a.seed, str(x))):
+            sources.append(src)
+            mine = unseen.loc[unseen["source"] == src, "doc_id"]
+            chosen += sorted(mine, key=lambda d: rank(a.seed, d))
+            if len(chosen) >= r.shots:
+                break
+        if len(chosen) < r.shots:
+            raise MiaError(
+                f"audit.recall: the unseen side has {len(chosen)} files, fewer than the "
+                f"{r.shots} shots of ReCaLL's prefix; give audit.recall.prefix or lower "
+                "audit.recall.shots"
+            )
+        ids = chosen[: r.shots]
+        prefixes["non"] = prefix_of(snippets, ids)
+        gone = set(files.loc[files["source"].isin(sources), "doc_id"])
+        held = {"prefix_files": ids, "sources": [str(x) for x in sources],
+                "files_left_out": sorted(gone)}  # fmt: skip
+        files = files[~files["doc_id"].isin(gone)].reset_index(drop=True)
+        snippets = snippets[~snippets["doc_id"].isin(gone)].reset_index(drop=True)
+        log(f"recall: the prefix is the first snippet of {len(ids)} unseen files of "
+            f"{len(sources)} source(s), whose {len(gone)} file(s) are held out of the audit")  # fmt: skip
+    return files, snippets, prefixes, held

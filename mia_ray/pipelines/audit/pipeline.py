@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from mia_ray.pipelines.attack.config import AttackConfig, AttackJobConfig
+from mia_ray.pipelines.attack.config import AttackJobConfig
 from mia_ray.pipelines.audit.analysis import analyse, feature_columns
 from mia_ray.pipelines.audit.config import AuditJobConfig
 from mia_ray.pipelines.audit.inputs import (
@@ -47,16 +47,12 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
         check_model_early(cfg.model.reference, "model.reference")
     files, snippets, truth, calib, inputs = prepare_files(cfg)
     side = dict(zip(files["doc_id"], files["side"], strict=True))
-    attacks = [*a.attacks, *(["ref"] if cfg.model.reference else [])]
-    acfg = AttackJobConfig(
-        data=cfg.data,
-        model=cfg.model,
-        resources=cfg.resources,
-        attack=AttackConfig(
-            attacks=attacks, min_k_ratios=list(a.min_k_ratios), min_k_ratio=a.min_k_ratios[0]
-        ),
+    attack = a.attack_config(bool(cfg.model.reference))
+    attacks = attack.attacks
+    acfg = AttackJobConfig(data=cfg.data, model=cfg.model, resources=cfg.resources, attack=attack)
+    snip, _, ctx = score_attacks(
+        acfg, out, labels=side, snippets=snippets, prefixes=inputs.pop("prefixes")
     )
-    snip, _, ctx = score_attacks(acfg, out, labels=side, snippets=snippets)
     t_score = time.time() - t0
     features = feature_columns(snip, attacks)
     texts = ctx["snippets"].set_index("snippet_id")["text"]

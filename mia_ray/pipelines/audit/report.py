@@ -130,6 +130,15 @@ def notes(cfg: AuditJobConfig, r: dict) -> list[str]:
         lines.append(f"Lengths: {lengths['warning']}.")
     if d.get("left_out"):
         lines.append(f"{len(d['left_out'])} file(s) left out (listed under data.left_out).")
+    held = d.get("held_out") or {}
+    if held:
+        lines.append(
+            f"ReCaLL's prefix is the first snippet of {len(held['prefix_files'])} unseen files; "
+            f"their {len(held['sources'])} source(s), {len(held['files_left_out'])} file(s) in "
+            "all, are held out of the audit (neither scored nor calibrated on), so the prefix "
+            "is part of the score for every file that remains and the p-values stay valid "
+            "(data.held_out)."
+        )
     if r.get("truth"):
         tr = r["truth"]
         lines.append(
