@@ -42,8 +42,10 @@ class JobConfig:
 class DataConfig:
     """Documents: a directory of text files, a .jsonl or a .parquet (file or directory)."""
 
-    path: str = ""
+    path: str = ""  # also hf://datasets/<owner>/<name>, a dataset on the Hugging Face hub
     format: str = "auto"  # auto | text | jsonl | parquet
+    subset: str = ""  # a hub dataset's configuration (its subset), when it has several
+    split: str = ""  # a hub dataset's split, e.g. WikiMIA_length32
     text_field: str = "text"
     # "id" may be absent (each doc_id is then a hash of its text, with a note); a field
     # named otherwise must be there (else an error: a typo must not become hashed ids)

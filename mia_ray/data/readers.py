@@ -65,8 +65,15 @@ def read_documents(
     date_field: str = "date",
     note: Callable[[str], None] | None = None,
     group_field: str = "",
+    subset: str = "",
+    split: str = "",
 ):
     """Read documents into a ``ray.data.Dataset`` with ``doc_id``, ``text`` [, ``label``, ``date``].
+
+    - a dataset on the Hugging Face hub, ``hf://datasets/<owner>/<name>``: loaded by
+      ``datasets.load_dataset(<owner>/<name>, subset, split=split)`` on the driver (its
+      cache), fields as for parquet; a local folder in the hub's layout reads the same way
+      (``hf://datasets//abs/folder``).
 
     - text: a directory of text files (recursive, hidden files and folders skipped), one file
       = one document, ``doc_id`` = path relative to the directory (posix); or one ``.txt`` file.
@@ -93,6 +100,9 @@ def read_documents(
 
     from mia_ray.log import log
 
+    if isinstance(path, str) and path.startswith(HUB_PREFIX):
+        names = (text_field, id_field, label_field, date_field, group_field)
+        return _read_hub(path, subset, split, names, note)
     source = path if isinstance(path, Source) else resolve_source(path, format)
     path = source.path
     fmt, base, files, paths = source.fmt, source.base, source.files, source.paths
@@ -366,6 +376,51 @@ def _fields_of(
                 "the text (text-...); set data.id_field to the field that holds the ids"
             )
     return fields
+
+
+HUB_PREFIX = "hf://datasets/"
+
+
+def _read_hub(path: str, subset: str, split: str, names: tuple, note):
+    """A hub dataset's split through ``datasets.load_dataset`` (see :func:`read_documents`)."""
+    import pyarrow as pa
+    import ray
+
+    repo = path[len(HUB_PREFIX) :].rstrip("/")
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - a dependency
+        raise MiaError(f"{path}: reading hub datasets needs the `datasets` package") from None
+    if not split:
+        raise MiaError(f"{path}: name the split to read (data.split), e.g. train")
+    datasets.disable_progress_bars()
+    try:
+        got = datasets.load_dataset(repo, subset or None, split=split)
+    except Exception as e:
+        raise MiaError(f"cannot load {path} (subset {subset or '-'}, split {split}): "
+                       f"{_first_line(e)}") from None  # fmt: skip
+    table = got.data.table if hasattr(got.data, "table") else got.data
+    text, id_, label, date_, group = names
+    columns = table.column_names
+    if text not in columns:
+        raise MiaError(_missing_field(text, f"{path} split {split}", columns))
+    has = [f in columns for f in (id_, label, date_)]
+    fields = _Fields(
+        text, id_, label, date_, *has, group, has_group=bool(group) and group in columns
+    )
+    if group and not fields.has_group:
+        raise MiaError(_missing_field(group, f"{path} split {split}", columns))
+    if not fields.has_id:
+        if id_ != DEFAULT_ID_FIELD:
+            raise MiaError(_missing_field(id_, f"{path} split {split}", columns))
+        if note is not None:
+            note(f"{path}: its records have no {id_!r} field, so each doc_id is a hash of the text")
+    table = table.select(_parquet_columns(fields))
+    table = table.append_column("path", pa.array([f"{repo}/{split}"] * len(table), pa.string()))
+    ds = ray.data.from_arrow(table).map_batches(
+        _normalize_parquet, fn_kwargs={"base": "", "fields": fields}, batch_format="pyarrow"
+    )
+    return _validated(ds, f"{path} split {split}", no_id=not fields.has_id)
 
 
 def _missing_field(field: str, where: str, columns) -> str:

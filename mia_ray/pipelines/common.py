@@ -132,6 +132,8 @@ def labelled_documents(data_cfg):
         label_field=data_cfg.label_field,
         date_field=data_cfg.date_field,
         note=note,
+        subset=data_cfg.subset,
+        split=data_cfg.split,
     )
     if data_cfg.labels:
         ds = attach_labels(ds, load_manifest(data_cfg.labels), data_cfg.unlabelled, note=note)

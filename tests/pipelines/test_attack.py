@@ -388,3 +388,36 @@ def test_samia_through_the_completions_api_scores_as_the_local_target(zoo, tmp_p
     assert len(both) >= 60  # all but the snippets of the 8 documents the prefixes held out
     np.testing.assert_allclose(over_http.loc[both, "samia"], snip.loc[both, "samia"], atol=1e-12)
     assert (api / "backend-cache").exists() is False  # a served target is never cached
+
+
+def test_a_benchmark_by_its_hub_name_runs_through_the_attack(tmp_path, ray_local, test_world):
+    """data.path=hf://datasets/... with the split and fields WikiMIA's card gives: the test
+    world's labelled documents in WikiMIA's layout, read by `datasets`, attacked by tiny."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    manifest = json.loads(Path(test_world["manifest"]).read_text())
+    docs = [json.loads(x) for x in Path(test_world["documents"]).read_text().splitlines()]
+    docs = [d for d in docs if d["id"] in manifest]
+    root = tmp_path / "WikiMIA"
+    (root / "data").mkdir(parents=True)
+    (root / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: WikiMIA_length32\n"
+        "    path: data/WikiMIA_length32-*\n---\n"
+    )
+    table = pa.table(
+        {"input": [d["text"] for d in docs], "label": [manifest[d["id"]] for d in docs]}
+    )
+    pq.write_table(table, root / "data" / "WikiMIA_length32-00000-of-00001.parquet")
+    out = tmp_path / "hub"
+    args = [
+        "attack", "--config", "jobs/attack_demo.yaml", "--set", "world.target=",
+        "--set", f"data.path=hf://datasets/{root}", "--set", "data.split=WikiMIA_length32",
+        "--set", "data.text_field=input", "--set", f"model.name_or_path={test_world['model']}",
+        "--set", "attack.attacks=[loss,zlib]", "--set", "eval.bootstrap=100",
+        "--set", "data.max_snippets_per_doc=1", "--out", str(out),
+    ]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["data"]["n_documents"] == len(docs) and report["data"]["path"].startswith("hf://")
+    assert report["metrics"]["loss"]["auc"] >= 0.9

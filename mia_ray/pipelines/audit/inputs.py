@@ -57,6 +57,8 @@ def _read_side(cfg: AuditJobConfig, side: str) -> pd.DataFrame:
             label_field=cfg.data.label_field,
             date_field=cfg.data.date_field,
             group_field=cfg.data.group_field,
+            subset=cfg.data.subset,
+            split=cfg.data.split,
         )
     except MiaError as e:
         raise MiaError(f"--{side} ({path}): {e}") from None

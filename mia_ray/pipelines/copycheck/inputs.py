@@ -23,6 +23,8 @@ def read_side(path: str, data_cfg, prefix: str = "") -> pd.DataFrame:
         id_field=data_cfg.id_field,
         label_field=data_cfg.label_field,
         date_field=data_cfg.date_field,
+        subset=data_cfg.subset,
+        split=data_cfg.split,
     )
     df = ds.select_columns(["doc_id", "text"]).to_pandas()
     df["doc_id"] = prefix + df["doc_id"].astype(str)
