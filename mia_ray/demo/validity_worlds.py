@@ -46,7 +46,10 @@ TEXT_WORDS = 32  # words per snippet text in the feature worlds that carry texts
 SNIPPET_WORDS = 128  # the token world's snippet size (about 1 token per word)
 OLD_MIN_SNIPPET = 32  # data.min_snippet_size before: a shorter tail of a document was dropped
 MIN_K_RATIOS = (0.05, 0.1, 0.2, 0.3, 0.5)
-TOKEN_ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus")  # no extra pass needed
+# The audit's default features (audit.attacks): lowercase and ReCaLL get their losses below.
+TOKEN_ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus", "lowercase", "recall")
+RECALL_SHOTS = 4  # audit.recall.shots
+RECALL_SIBLING_SHIFT = -1.0  # a prefix's own source reads likelier after it: "less member"
 TOKEN_FILE_SD = 0.12  # the token world's per-file effect on the log of token NLLs
 TOKEN_SNIPPET_SD = 0.06  # and its per-snippet effect
 
@@ -354,8 +357,11 @@ def token_lengths(rng, shift=0.0, n_members=None, n_sus=30, n_uns=40) -> World:
     random Zipf words (one token per word). A file's token NLLs are lognormal with log-mean
     log(2.2) + 0.12 a_f + 0.06 e_s (a_f per file, e_s per snippet, both N(0, 1); members:
     a_f - shift) and log-sd 0.9; Min-K%++'s mu_t = -exp(N(same - 0.2, 0.5)), sigma_t =
-    exp(N(0.2, 0.25)). Features: ``score_table`` with loss, zlib, min_k, min_k_plus_plus at
-    ratios 0.05-0.5 (12 columns, as the audit's feature columns)."""
+    exp(N(0.2, 0.25)). The lowercased text's mean NLL is the snippet's times exp(N(0.15,
+    0.05)); its mean NLL after ReCaLL's prefix the snippet's times exp(0.03 + 0.02 b_f +
+    N(0, 0.03)), b_f per file N(0, 1): neither depends on the side. Features: ``score_table``
+    with the audit's default attacks, Min-K% and Min-K%++ at ratios 0.05-0.5 (14 columns, as
+    the audit's feature columns)."""
     from mia_ray.features.attacks import score_table, stats_from_columns
 
     side = _sides(n_sus, n_uns)
@@ -364,7 +370,8 @@ def token_lengths(rng, shift=0.0, n_members=None, n_sus=30, n_uns=40) -> World:
     member = _members(rng, side, n_members)
     a = rng.standard_normal(nf) - shift * member
     files = _ids(side)
-    units, sids, full, texts, lps, mus, sigmas = [], [], [], [], [], [], []
+    b = rng.standard_normal(nf)
+    units, sids, full, texts, lps, mus, sigmas, lower, recall = [], [], [], [], [], [], [], [], []
     for f in range(nf):
         w = VOCAB[rng.choice(VOCAB.size, size=int(n_words[f]), p=VOCAB_P)]
         for j, (lo, hi) in enumerate(_cut(int(n_words[f]))):
@@ -374,12 +381,14 @@ def token_lengths(rng, shift=0.0, n_members=None, n_sus=30, n_uns=40) -> World:
             lps.append(-nll)
             mus.append(-np.exp(rng.normal(c - 0.2, 0.5, T - 1)))
             sigmas.append(np.exp(rng.normal(0.2, 0.25, T - 1)))
+            lower.append(nll.mean() * math.exp(rng.normal(0.15, 0.05)))
+            recall.append(nll.mean() * math.exp(0.03 + 0.02 * b[f] + rng.normal(0.0, 0.03)))
             texts.append(" ".join(w[lo:hi]))
             units.append(files[f])
             sids.append(f"{files[f]}#{j}")
             full.append(T == SNIPPET_WORDS)
     table = score_table(
-        stats_from_columns(texts, lps, mus, sigmas),
+        stats_from_columns(texts, lps, mus, sigmas, lower, extra={"recall_loss": recall}),
         list(TOKEN_ATTACKS),
         list(MIN_K_RATIOS),
         MIN_K_RATIOS[0],
@@ -403,6 +412,47 @@ def token_lengths(rng, shift=0.0, n_members=None, n_sus=30, n_uns=40) -> World:
         h0=not member.any(),
         features=cols,
     )
+
+
+def _files_only(w: World, keep: np.ndarray, name: str) -> World:
+    """``w`` with only the files where ``keep`` (n_files,) holds."""
+    files = [f for f, k in zip(w.files, keep, strict=True) if k]
+    rows = np.isin(w.unit_files, files)
+    return World(
+        name=name, X=w.X[rows], unit_files=w.unit_files[rows], snippet_ids=w.snippet_ids[rows],
+        full=w.full[rows], files=files, side=w.side[keep],
+        source=[s for s, k in zip(w.source, keep, strict=True) if k], member=w.member[keep],
+        texts=None if w.texts is None else [t for t, r in zip(w.texts, rows, strict=True) if r],
+        pick=w.pick if w.pick in files else None, h0=w.h0, features=w.features,
+    )  # fmt: skip
+
+
+def recall_prefix(rng, shift=0.0, n_members=None) -> World:
+    """30 suspected (15 sources) and 200 unseen files (100 sources), sources of 2 with a
+    source effect sd 0.7, 8 snippets each, the 6 features and a ReCaLL column (0.7 times
+    their mean plus independent noise). The audit's own split
+    (:func:`~mia_ray.pipelines.audit.inputs.held_out_sources`, 4 shots) picks the prefix
+    files; every file of their sources would read likelier after the prefix (its ReCaLL
+    column falls by RECALL_SIBLING_SHIFT sd), and every file of those sources is held out,
+    as the audit does."""
+    from mia_ray.pipelines.audit.inputs import held_out_sources
+
+    name = "recall_prefix"
+    w = feature_world(
+        rng, name, counts=[8] * 230, side=_sides(30, 200), source=np.arange(230) // 2,
+        source_sd=0.7, shift=shift, n_members=n_members,
+    )  # fmt: skip
+    files = pd.DataFrame({"doc_id": w.files, "side": w.side, "source": w.source})
+    prefix, sources = held_out_sources(files, RECALL_SHOTS, seed=int(rng.integers(2**31)))
+    sibling = np.isin(np.array(w.source, dtype=object), sources)
+    by_file = dict(zip(w.files, sibling, strict=True))
+    hit = np.array([by_file[u] for u in w.unit_files])
+    recall = 0.7 * w.X.mean(axis=1) + rng.standard_normal(len(w.X)) * 0.7
+    recall = recall + RECALL_SIBLING_SHIFT * recall.std() * hit
+    w.X = np.column_stack([w.X, recall])
+    w.features = [*w.features, "recall"]
+    assert set(prefix) <= {f for f, g in zip(w.files, sibling, strict=True) if g}
+    return _files_only(w, ~sibling, name)
 
 
 @dataclass(frozen=True)
@@ -443,6 +493,11 @@ SCENARIOS: dict[str, Scenario] = {
     "imbalanced": Scenario(imbalanced, "80 suspected vs 40 unseen files, 8 snippets each"),
     "heavy_tailed": Scenario(heavy_tailed, "matched with multivariate Student t3 file effects "
                              "and snippet noise (unit variance)"),
+    "recall_prefix": Scenario(recall_prefix, "ReCaLL's prefix by the audit's split: 30 "
+                              "suspected and 200 unseen files in sources of 2 (source sd 0.7), "
+                              "a ReCaLL column beside the 6 features; 4 unseen prefix files, "
+                              "and every file of their sources (which would read likelier "
+                              "after the prefix: -1 sd on ReCaLL), held out of the audit"),
     "mixed_sources": Scenario(mixed_sources, "40 suspected and 80 unseen files in sources of 1-8 "
                               "files (source sd 0.7), 1-12 vs 3-24 snippets per file; after: "
                               "sources as groups, k = the fewest snippets"),

@@ -54,7 +54,11 @@ def evaluate_attacks(cfg: AttackJobConfig, snip_scores, doc_scores, ctx: dict) -
         "ci_level": cfg.eval.ci,
         "metrics": metrics,
         # What each attack cost: the passes over the snippets and which attacks read each.
-        "passes": {p: {"attacks": names, "cost": PASSES[p]} for p, names in ctx["passes"].items()},
+        # (seconds: this run's wall time of the pass, 0 when its stage was reused)
+        "passes": {
+            p: {"attacks": names, "cost": PASSES[p], "seconds": ctx["pass_seconds"].get(p, 0.0)}
+            for p, names in ctx["passes"].items()
+        },
         "held_out": ctx["held_out"],
     }
     if cfg.eval.blind_baseline:

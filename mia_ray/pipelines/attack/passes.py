@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -164,9 +165,10 @@ def per_snippet(ids, scored: pd.DataFrame, tag: str, n: int, column: str) -> lis
 
 
 def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path, fp_snip: str,
-               prefixes: dict[str, str]) -> dict[str, list]:  # fmt: skip
+               prefixes: dict[str, str], seconds: dict[str, float]) -> dict[str, list]:  # fmt: skip
     """The columns of every pass in ``need`` beyond the target and reference, for the
-    snippets of ``merged`` (its rows' order), by ``SnippetStats`` field name."""
+    snippets of ``merged`` (its rows' order), by ``SnippetStats`` field name; each pass's
+    wall seconds in this run go to ``seconds`` (0 when its stage was reused)."""
     from mia_ray.pipelines.attack.scoring import score_pool, scorer_key
 
     a, rows_dir = cfg.attack, out / "rows"
@@ -174,6 +176,12 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
     scored = merged[["snippet_id", "text"]]
     ids = merged["snippet_id"].tolist()
     extra: dict[str, list] = {}
+    clock = [time.monotonic()]
+
+    def took(name: str) -> None:
+        now = time.monotonic()
+        seconds[name] = round(now - clock[0], 2)
+        clock[0] = now
 
     def pool(rows, name: str, fp, **kw) -> pd.DataFrame:
         log(f"pass {name}: {len(rows)} rows through the target")
@@ -189,6 +197,7 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
             short = int((got["context_tokens"] == 0).sum())
             if short:
                 log(f"pass {name}: {short} snippet(s) fill the window; no prefix fits before them")
+            took(name)
     if "token_counts" in need:
         from mia_ray.models.hf import load_tokenizer
 
@@ -199,6 +208,7 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         freq = smoothed_frequencies(token_counts(cfg, out), vocab)
         extra["token_ids"] = ids_col
         extra["token_freq"] = [freq[t] for t in ids_col]
+        took("token_counts")
     if "neighbours" in need:
         from mia_ray.features.neighbors import Lexicon, make_neighbours
 
@@ -206,6 +216,7 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         rows = variant_rows(scored, "nb", lambda sid, t: make_neighbours(
             t, nc.n, lex, seed=f"{a.seed}:{sid}", rate=nc.rate))  # fmt: skip
         got = pool(rows, "neighbours", fingerprint(text_key(rows), key))
+        took("neighbours")
         extra["neighbour_losses"] = [
             np.asarray(v) for v in per_snippet(ids, got, "nb", nc.n, "loss")
         ]
@@ -218,12 +229,15 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         got = pool(rows, "augment", fingerprint(text_key(rows), key, "full"), full=True)
         lps = per_snippet(ids, got, "aug", pc.copies, "token_logprobs")
         extra["augment_logprobs"] = [tuple(np.asarray(x) for x in v) for v in lps]
+        took("augment")
     if "samples" in need:
         got = sampled(cfg, scored, out, fp_snip).set_index("snippet_id")
         extra["samples"] = [tuple(json.loads(v)) for v in got.loc[ids, "samples"]]
+        took("samples")
     if "gradient" in need:
         got = pool(scored, "gradient", fingerprint(fp_snip, key, "grad"), grad_norm=True)
         extra["grad_norm"] = got.set_index("snippet_id").loc[ids, "grad_norm"].tolist()
+        took("gradient")
     return extra
 
 

@@ -196,6 +196,7 @@ def score_attacks(
         rows_dir / "target",
         fingerprint(fp_snip, scorer_key(cfg.model, cfg.resources), "lowercase" in attacks),
     )
+    seconds = {"target": round(time.time() - t1, 2)}  # with the lowercase pass, when asked
     merged = snip_meta.merge(tgt, on="snippet_id", how="inner", validate="one_to_one")
     if "ref" in attacks:
         log(f"scoring with reference {cfg.model.reference}")
@@ -213,9 +214,10 @@ def score_attacks(
         merged = merged.merge(
             ref[["snippet_id", "ref_loss"]], on="snippet_id", how="inner", validate="one_to_one"
         )
+        seconds["reference"] = round(time.time() - t1 - seconds["target"], 2)
     if len(merged) != len(snip_meta):
         raise MiaError(f"scored {len(merged)} of {len(snip_meta)} snippets: results are missing")
-    extra = run_passes(cfg, need, merged, out, fp_snip, prefixes)
+    extra = run_passes(cfg, need, merged, out, fp_snip, prefixes, seconds)
     t_score = time.time() - t1
 
     stats = stats_from_columns(
@@ -259,6 +261,7 @@ def score_attacks(
             "docs": docs,
             "score_cols": score_cols,
             "passes": need,
+            "pass_seconds": seconds,
             "held_out": held,
             "prefixes": prefixes,
         },

@@ -305,6 +305,29 @@ def prepare_files(cfg: AuditJobConfig):
     return files, snippets, truth, calib, inputs
 
 
+def held_out_sources(files: pd.DataFrame, shots: int, seed: int) -> tuple[list[str], list]:
+    """ReCaLL's prefix files in the audit and the sources held out with them: unseen sources
+    (``files``: doc_id, side, source) in the order of a hash of ``seed`` and their name,
+    whole, until ``shots`` files are gathered; the prefix is the first ``shots`` of those
+    files, each source's in the order of a hash of their ids."""
+    from mia_ray.pipelines.attack.passes import rank
+
+    unseen = files[files["side"] == 0]
+    chosen, sources = [], []
+    for src in sorted(set(unseen["source"]), key=lambda x: rank(seed, str(x))):
+        sources.append(src)
+        mine = unseen.loc[unseen["source"] == src, "doc_id"]
+        chosen += sorted(mine, key=lambda d: rank(seed, d))
+        if len(chosen) >= shots:
+            break
+    if len(chosen) < shots:
+        raise MiaError(
+            f"audit.recall: the unseen side has {len(chosen)} files, fewer than the {shots} "
+            "shots of ReCaLL's prefix; give audit.recall.prefix or lower audit.recall.shots"
+        )
+    return chosen[:shots], sources
+
+
 def audit_prefixes(cfg: AuditJobConfig, files: pd.DataFrame, snippets: pd.DataFrame):
     """ReCaLL's non-member prefix and Con-ReCall's member prefix, for the attacks that read
     them: from ``audit.recall.prefix`` / ``member_prefix``, or (ReCaLL) from unseen files
@@ -315,7 +338,7 @@ def audit_prefixes(cfg: AuditJobConfig, files: pd.DataFrame, snippets: pd.DataFr
     never saw (the p-values' premise). Returns ``(files, snippets, prefixes, held)``, ``held``
     the prefix's files and every file left out with them."""
     from mia_ray.features.attacks import passes_of
-    from mia_ray.pipelines.attack.passes import prefix_from_path, prefix_of, rank
+    from mia_ray.pipelines.attack.passes import prefix_from_path, prefix_of
 
     a, r = cfg.audit, cfg.audit.recall
     need = passes_of(a.attacks)
@@ -326,21 +349,7 @@ def audit_prefixes(cfg: AuditJobConfig, files: pd.DataFrame, snippets: pd.DataFr
     if "recall" in need and r.prefix:
         prefixes["non"], _ = prefix_from_path(r.prefix, cfg, r.shots, a.seed)
     elif "recall" in need:
-        unseen = files[files["side"] == 0]
-        chosen, sources = [], []
-        for src in sorted(set(unseen["source"]), key=lambda x: rank(a.seed, str(x))):
-            sources.append(src)
-            mine = unseen.loc[unseen["source"] == src, "doc_id"]
-            chosen += sorted(mine, key=lambda d: rank(a.seed, d))
-            if len(chosen) >= r.shots:
-                break
-        if len(chosen) < r.shots:
-            raise MiaError(
-                f"audit.recall: the unseen side has {len(chosen)} files, fewer than the "
-                f"{r.shots} shots of ReCaLL's prefix; give audit.recall.prefix or lower "
-                "audit.recall.shots"
-            )
-        ids = chosen[: r.shots]
+        ids, sources = held_out_sources(files, r.shots, a.seed)
         prefixes["non"] = prefix_of(snippets, ids)
         gone = set(files.loc[files["source"].isin(sources), "doc_id"])
         held = {"prefix_files": ids, "sources": [str(x) for x in sources],
