@@ -169,7 +169,7 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
     """The columns of every pass in ``need`` beyond the target and reference, for the
     snippets of ``merged`` (its rows' order), by ``SnippetStats`` field name; each pass's
     wall seconds in this run go to ``seconds`` (0 when its stage was reused)."""
-    from mia_ray.pipelines.attack.scoring import score_pool, scorer_key
+    from mia_ray.pipelines.attack.pools import score_pool, scorer_key
 
     a, rows_dir = cfg.attack, out / "rows"
     key = scorer_key(cfg.model, cfg.resources)
@@ -251,7 +251,7 @@ def sampled(cfg, scored: pd.DataFrame, out: Path, fp_snip: str) -> pd.DataFrame:
     from mia_ray import storage
     from mia_ray.actors.backend import Continuations
     from mia_ray.config import to_dict
-    from mia_ray.pipelines.attack.scoring import scorer_key
+    from mia_ray.pipelines.attack.pools import scorer_key
     from mia_ray.runtime import ray_options
     from mia_ray.stages import parts_stage
 
