@@ -86,7 +86,8 @@ def _mean_nll(s: SnippetStats) -> float:
 # The passes an attack can cost, beyond the target's plain forward pass ("target").
 PASSES = {
     "target": "one forward pass of the target",
-    "lowercase": "one more forward pass, of the lowercased text",
+    "lowercase": "one more forward pass, of the lowercased text, in the target's pool (its "
+    "seconds count with the target's)",
     "reference": "one forward pass of the reference model",
     "recall": "one forward pass after the non-member prefix",
     "recall_member": "one forward pass after the member prefix",

@@ -341,3 +341,27 @@ def test_a_method_setting_with_a_typo_stops_before_any_work(tmp_path, audit_inpu
 
 def test_report_numbers_match_the_snapshot(tiny_audit, report_snapshot):
     report_snapshot(tiny_audit[1], "audit-tiny")
+
+
+def test_the_attack_zoo_serves_as_audit_features(tmp_path, ray_local, audit_inputs):
+    """Any attack is a feature (audit.attacks); each extra pass runs on the audit's snippets."""
+    pool = audit_inputs["root"] / "corpus" / "reference_pool.jsonl"
+    zoo = "[loss,dc_pdd,pac,samia,neighbourhood,grad_norm]"
+    r = _audit(tmp_path / "zoo", audit_inputs, "tiny", "--set", f"audit.attacks={zoo}",
+               "--set", f"audit.dc_pdd.corpus={pool}", "--set", "audit.samia.samples=2",
+               "--set", "audit.neighbourhood.n=3", "--set", "audit.pac.copies=2")  # fmt: skip
+    names = r["features"]["names"]
+    for attack in ("dc_pdd", "pac", "samia", "neighbourhood", "grad_norm", "ref"):
+        assert attack in names
+    assert "held_out" not in r["data"] or not r["data"]["held_out"]  # no ReCaLL: none held out
+    assert r["dataset_test"]["reject"] and r["verdict"]["trained"]
+
+
+def test_con_recall_in_the_audit_needs_member_files():
+    from mia_ray.config import load_config
+    from mia_ray.errors import MiaError
+    from mia_ray.pipelines.audit.config import AuditJobConfig
+
+    with pytest.raises(MiaError, match="con_recall needs audit.recall.member_prefix"):
+        load_config(AuditJobConfig, None, ["audit.suspected=a", "audit.unseen=b",
+                                           "model.name_or_path=m", "audit.attacks=[con_recall]"])  # fmt: skip

@@ -54,9 +54,10 @@ def evaluate_attacks(cfg: AttackJobConfig, snip_scores, doc_scores, ctx: dict) -
         "ci_level": cfg.eval.ci,
         "metrics": metrics,
         # What each attack cost: the passes over the snippets and which attacks read each.
-        # (seconds: this run's wall time of the pass, 0 when its stage was reused)
+        # (seconds: this run's wall time of the pass, 0 when its stage was reused; None for
+        # the lowercase pass, which runs in the target's pool)
         "passes": {
-            p: {"attacks": names, "cost": PASSES[p], "seconds": ctx["pass_seconds"].get(p, 0.0)}
+            p: {"attacks": names, "cost": PASSES[p], "seconds": ctx["pass_seconds"].get(p)}
             for p, names in ctx["passes"].items()
         },
         "held_out": ctx["held_out"],
