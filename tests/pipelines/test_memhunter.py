@@ -498,6 +498,9 @@ def test_report_numbers_match_the_snapshot(run, report_snapshot):
             or head[0] == "plugin"
             or "gcg_steps" in key
             or (head[0] == "extraction" and int(head[1]) in clocked)
+            # the same runs summarized per method (a CI run under load cut MiniPrompt short:
+            # lcss_by_method/miniprompt/5 was 0.0 where the snapshot has 0.0625)
+            or (head[0] == "lcss_by_method" and head[1] in ("miniprompt", "memhunter_gcg", "gcg"))
         )
 
     report_snapshot(report, "memhunter", ignore)
