@@ -114,6 +114,15 @@ def test_attack_scorers_on_the_workers_give_the_one_node_numbers(
     assert _placed(cluster, "Scorer", before) <= cluster.worker_ids()
 
 
+def _running_task_nodes(cluster, class_part: str) -> set[str]:
+    """The nodes where a task of a ``class_part`` actor is running now."""
+    from ray.util.state import list_tasks
+
+    rows = list_tasks(address=cluster.dashboard_url, filters=[("state", "=", "RUNNING")],
+                      limit=10000, detail=True)  # fmt: skip
+    return {t.node_id for t in rows if class_part in (t.name or "") and t.node_id}
+
+
 def _kill_a_worker_mid_run(cluster, driver, class_part: str, before: set[str], ready) -> None:
     """Once ``ready()`` (the first results written), SIGKILL the raylet of a worker that runs
     one of the driver's ``class_part`` actors; the driver must still finish, and that actor
@@ -128,7 +137,10 @@ def _kill_a_worker_mid_run(cluster, driver, class_part: str, before: set[str], r
             time.sleep(0.05)
         alive = {a: n for a, n in cluster.actors(class_part).items() if a not in before}
         nodes = [w.node_id for w in cluster.workers]
-        killed = next(i for i, n in enumerate(nodes) if n in alive.values())
+        # The worker whose actor is working now: an actor that has not started yet, or has
+        # no block left, could lose its node without being started again (seen: [0, 0]).
+        busy = _running_task_nodes(cluster, class_part) & set(alive.values())
+        killed = next(i for i, n in enumerate(nodes) if n in (busy or set(alive.values())))
         cluster.kill_worker(killed)
         code = driver.finish(timeout=600)
         assert code == 0, "".join(driver.lines)[-6000:]
