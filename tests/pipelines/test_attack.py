@@ -89,7 +89,7 @@ def test_no_signal_invented_on_an_untrained_model(tmp_path, ray_local, test_worl
     # 13 attacks at once: each interval at 1 - 0.05 / 13 (Bonferroni), so that the family
     # fails by chance at most 5 % of the time, not 1 - 0.95^13 = 49 %.
     out = tmp_path / "random"
-    cheaper = ["--set", "data.max_snippets_per_doc=2", "--set", "attack.neighbourhood.n=3",
+    cheaper = ["--set", "data.max_snippets_per_doc=1", "--set", "attack.neighbourhood.n=3",
                "--set", "attack.pac.copies=2", "--set", "attack.samia.samples=2"]  # fmt: skip
     assert main(_args(test_world, "tiny-random", out) + ["--set", "eval.ci=0.9962", *cheaper]) == 0
     report = json.loads((out / "report.json").read_text())
