@@ -73,7 +73,9 @@ def read_documents(
     - a dataset on the Hugging Face hub, ``hf://datasets/<owner>/<name>``: loaded by
       ``datasets.load_dataset(<owner>/<name>, subset, split=split)`` on the driver (its
       cache), fields as for parquet; a local folder in the hub's layout reads the same way
-      (``hf://datasets//abs/folder``).
+      (``hf://datasets//abs/folder``). MIMIR (a repository or folder named ``mimir``,
+      e.g. ``iamgroot42/mimir``) is read from its member and non-member files
+      (:func:`mimir_files`): ``subset`` is the source, ``split`` the overlap cut.
 
     - text: a directory of text files (recursive, hidden files and folders skipped), one file
       = one document, ``doc_id`` = path relative to the directory (posix); or one ``.txt`` file.
@@ -391,15 +393,20 @@ def _read_hub(path: str, subset: str, split: str, names: tuple, note):
         import datasets
     except ImportError:  # pragma: no cover - a dependency
         raise MiaError(f"{path}: reading hub datasets needs the `datasets` package") from None
-    if not split:
+    mimir = repo.rsplit("/", 1)[-1].lower() == "mimir"
+    if not split and not mimir:
         raise MiaError(f"{path}: name the split to read (data.split), e.g. train")
     datasets.disable_progress_bars()
-    try:
-        got = datasets.load_dataset(repo, subset or None, split=split)
-    except Exception as e:
-        raise MiaError(f"cannot load {path} (subset {subset or '-'}, split {split}): "
-                       f"{_first_line(e)}") from None  # fmt: skip
-    table = got.data.table if hasattr(got.data, "table") else got.data
+    if mimir:
+        table = _mimir_table(datasets, repo, subset, split, path)
+        names = ("text", "id", "label", "", "")
+    else:
+        try:
+            got = datasets.load_dataset(repo, subset or None, split=split)
+        except Exception as e:
+            raise MiaError(f"cannot load {path} (subset {subset or '-'}, split {split}): "
+                           f"{_first_line(e)}") from None  # fmt: skip
+        table = got.data.table if hasattr(got.data, "table") else got.data
     text, id_, label, date_, group = names
     columns = table.column_names
     if text not in columns:
@@ -421,6 +428,67 @@ def _read_hub(path: str, subset: str, split: str, names: tuple, note):
         _normalize_parquet, fn_kwargs={"base": "", "fields": fields}, batch_format="pyarrow"
     )
     return _validated(ds, f"{path} split {split}", no_id=not fields.has_id)
+
+
+# MIMIR (Duan et al. 2024, iamgroot42/mimir) as its loading script lays it out: for each
+# source (the script's configuration) and split (its n-gram overlap cut, or month), the
+# members in <cache>/train/<source>[_<split>].jsonl and the non-members in .../test/, one
+# JSON string per line. `datasets` 4 and later no longer run loading scripts, so the files
+# are read here with `datasets`' own text builder (hf:// paths through huggingface_hub).
+_MIMIR_PILE = ("ngram_7_0.2", "ngram_13_0.2", "ngram_13_0.8")
+MIMIR_SPLITS = {
+    **{name: _MIMIR_PILE for name in ("arxiv", "dm_mathematics", "github", "hackernews",
+                                     "pile_cc", "pubmed_central", "wikipedia_(en)")},
+    "full_pile": ("none",),
+    "c4": ("none",),
+    "temporal_arxiv": ("2020_08", "2021_01", "2021_06", "2022_01", "2022_06", "2023_01",
+                       "2023_06"),
+    "temporal_wiki": ("none",),
+}  # fmt: skip
+
+
+def mimir_files(subset: str, split: str) -> dict[str, str]:
+    """The member and non-member files of one MIMIR source and split, relative to the repo."""
+    if subset not in MIMIR_SPLITS:
+        raise MiaError(f"MIMIR has no source {subset!r} (data.subset); its sources: "
+                       f"{', '.join(MIMIR_SPLITS)}")  # fmt: skip
+    if split not in MIMIR_SPLITS[subset]:
+        raise MiaError(f"MIMIR's {subset} has no split {split!r} (data.split); its splits: "
+                       f"{', '.join(MIMIR_SPLITS[subset])}")  # fmt: skip
+    cache = "cache_100_200_10000_512" if subset == "full_pile" else "cache_100_200_1000_512"
+    name = subset if split == "none" else f"{subset}_{split}"
+    return {"member": f"{cache}/train/{name}.jsonl", "nonmember": f"{cache}/test/{name}.jsonl"}
+
+
+def _mimir_table(datasets, repo: str, subset: str, split: str, path: str):
+    """MIMIR's members (label 1) and non-members (0), ids ``member/<line>``, ``nonmember/<line>``."""
+    import pyarrow as pa
+
+    files = mimir_files(subset, split)
+    root = repo if repo.startswith("/") else f"{HUB_PREFIX}{repo}"
+    try:
+        got = datasets.load_dataset(
+            "text", data_files={k: f"{root}/{v}" for k, v in files.items()}
+        )
+    except Exception as e:
+        raise MiaError(f"cannot load {path} (subset {subset}, split {split}): "
+                       f"{_first_line(e)}") from None  # fmt: skip
+    ids, texts, labels = [], [], []
+    for kind, label in (("member", 1), ("nonmember", 0)):
+        for lineno, line in enumerate(got[kind]["text"]):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)
+            except ValueError:
+                text = None
+            if not isinstance(text, str):
+                raise MiaError(f"{files[kind]} line {lineno + 1} in {path} is not a JSON "
+                               f"string: {line[:60]!r}")  # fmt: skip
+            ids.append(f"{kind}/{lineno}")
+            texts.append(text)
+            labels.append(label)
+    return pa.table({"id": ids, "text": texts, "label": pa.array(labels, pa.int64())})
 
 
 def _missing_field(field: str, where: str, columns) -> str:

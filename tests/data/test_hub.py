@@ -84,3 +84,53 @@ def test_hub_errors_are_clear(ray_local, tmp_path):
         MiaError, match=r"field 'text' not in .* split WikiMIA_length32; columns: input, label"
     ):
         read_documents(path, split="WikiMIA_length32")
+
+
+def mimir(root, source, split, members, nonmembers, cache="cache_100_200_1000_512"):
+    """iamgroot42/mimir's layout: its loading script, and per source and split one JSON
+    string per line, members under train/, non-members under test/ (plus neighbour files,
+    which the reader does not need)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "mimir.py").write_text("# the dataset's loading script, which datasets>=4 won't run\n")
+    name = source if split == "none" else f"{source}_{split}"
+    for part, texts in (("train", members), ("test", nonmembers)):
+        (root / cache / part).mkdir(parents=True, exist_ok=True)
+        (root / cache / part / f"{name}.jsonl").write_text(
+            "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts)
+        )
+        (root / cache / f"{part}_neighbors").mkdir(exist_ok=True)
+    return root
+
+
+def test_mimir_by_hub_name_reads_members_and_nonmembers(ray_local, tmp_path):
+    members = ['\\begin{abstract} We prove "it".\nTwo lines.', "def f():\n    return 1"]
+    nonmembers = ["A later arXiv paper.", "Another one, ünïcode,\u2028a separator\x85."]
+    root = mimir(tmp_path / "mimir", "arxiv", "ngram_13_0.8", members, nonmembers)
+    mimir(root, "arxiv", "ngram_7_0.2", ["other"], ["cut"])
+    got = _frame(read_documents(f"hf://datasets/{root}", subset="arxiv", split="ngram_13_0.8"))
+    assert list(zip(got["doc_id"], got["text"], got["label"], strict=True)) == [
+        ("member/0", members[0], 1), ("member/1", members[1], 1),
+        ("nonmember/0", nonmembers[0], 0), ("nonmember/1", nonmembers[1], 0)]  # fmt: skip
+    full = mimir(tmp_path / "full" / "mimir", "full_pile", "none", ["m"], ["n", "o"],
+                 cache="cache_100_200_10000_512")  # fmt: skip
+    got = _frame(read_documents(f"hf://datasets/{full}", subset="full_pile", split="none"))
+    assert got["label"].tolist() == [1, 0, 0]
+
+
+def test_mimir_errors_name_its_sources_and_splits(ray_local, tmp_path):
+    root = mimir(tmp_path / "mimir", "github", "ngram_13_0.2", ["a"], ["b"])
+    path = f"hf://datasets/{root}"
+    with pytest.raises(MiaError, match=r"^MIMIR has no source 'Github' \(data.subset\); its "
+                       r"sources: arxiv, dm_mathematics, github, "):  # fmt: skip
+        read_documents(path, subset="Github", split="ngram_13_0.2")
+    with pytest.raises(MiaError, match=r"^MIMIR's github has no split '' \(data.split\); its "
+                       r"splits: ngram_7_0.2, ngram_13_0.2, ngram_13_0.8$"):  # fmt: skip
+        read_documents(path, subset="github")
+    with pytest.raises(MiaError, match=rf"^cannot load {path} \(subset github, split "
+                       r"ngram_13_0.8\): "):  # fmt: skip
+        read_documents(path, subset="github", split="ngram_13_0.8")
+    bad = root / "cache_100_200_1000_512" / "test" / "github_ngram_13_0.2.jsonl"
+    bad.write_text('"fine"\n{"text": "an object"}\n')
+    with pytest.raises(MiaError, match=r"^cache_100_200_1000_512/test/github_ngram_13_0.2.jsonl "
+                       r"line 2 in .* is not a JSON string: '\{\"text\": \"an object\"\}'$"):  # fmt: skip
+        read_documents(path, subset="github", split="ngram_13_0.2")
