@@ -64,23 +64,11 @@ def score_attacks(
     as they are instead of the snippets ``cfg.data`` cuts from ``docs``; ``prefixes``, when
     given, are ReCaLL's and Con-ReCall's (else made from ``cfg.attack.recall``).
     """
-
-    from mia_ray.features.attacks import passes_of, score_table, stats_from_columns
+    from mia_ray.features.attacks import passes_of
     from mia_ray.pipelines.attack.passes import recall_prefixes, run_passes
 
     t0 = time.time()
-    if docs is None and snippets is None:
-        docs, labels = labelled_documents(cfg.data)
-        n_mem = sum(labels.values())
-        log(f"{len(labels)} documents: {n_mem} members, {len(labels) - n_mem} non-members")
-    if snippets is None:
-        cut = snippets_of(docs, cfg.data, cfg.model.name_or_path).materialize()
-        snip_meta = cut.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
-    else:
-        snip_meta = snippets[["snippet_id", "doc_id", "text"]].reset_index(drop=True)
-    if snip_meta["snippet_id"].duplicated().any():
-        raise MiaError("snippet ids are not unique: are doc ids unique?")
-    log(f"{len(snip_meta)} snippets ({cfg.data.snippet_size} {cfg.data.snippet_unit} max)")
+    docs, labels, snip_meta = _snippets_of_job(cfg, docs, labels, snippets)
     t_data = time.time() - t0
 
     attacks = list(cfg.attack.attacks)
@@ -108,7 +96,59 @@ def score_attacks(
         cfg.model.max_length,
     )
     scored = snip_meta[["snippet_id", "text"]]
-    rows_dir = out / "rows"
+    t1 = time.time()
+    merged, seconds = _forward_passes(cfg, snip_meta, out / "rows", fp_snip)
+    extra = run_passes(cfg, need, merged, out, fp_snip, prefixes, seconds)
+    t_score = time.time() - t1
+    snip_scores, doc_scores, score_cols = _score_frames(cfg, merged, extra, labels)
+    timings = {
+        "data_s": round(t_data, 2),
+        "score_s": round(t_score, 2),
+        "n_snippets": len(snip_meta),
+        "n_cropped": n_cropped,
+    }
+    return (
+        snip_scores,
+        doc_scores,
+        {
+            "labels": labels,
+            "timings": timings,
+            "snippets": scored,
+            # The target's rows (loss, token log-probs, vocabulary moments) by snippet, with
+            # their text: a method run on the same snippets reuses them (audit.methods).
+            "target_rows": merged.drop(columns=["ref_loss"], errors="ignore"),
+            "docs": docs,
+            "score_cols": score_cols,
+            "passes": need,
+            "pass_seconds": seconds,
+            "held_out": held,
+            "prefixes": prefixes,
+        },
+    )
+
+
+def _snippets_of_job(cfg: AttackJobConfig, docs, labels, snippets):
+    """The documents, labels and (snippet_id, doc_id, text) the job scores."""
+    if docs is None and snippets is None:
+        docs, labels = labelled_documents(cfg.data)
+        n_mem = sum(labels.values())
+        log(f"{len(labels)} documents: {n_mem} members, {len(labels) - n_mem} non-members")
+    if snippets is None:
+        cut = snippets_of(docs, cfg.data, cfg.model.name_or_path).materialize()
+        snip_meta = cut.select_columns(["snippet_id", "doc_id", "text"]).to_pandas()
+    else:
+        snip_meta = snippets[["snippet_id", "doc_id", "text"]].reset_index(drop=True)
+    if snip_meta["snippet_id"].duplicated().any():
+        raise MiaError("snippet ids are not unique: are doc ids unique?")
+    log(f"{len(snip_meta)} snippets ({cfg.data.snippet_size} {cfg.data.snippet_unit} max)")
+    return docs, labels, snip_meta
+
+
+def _forward_passes(cfg: AttackJobConfig, snip_meta: pd.DataFrame, rows_dir: Path, fp_snip):
+    """The target's pass (with the lowercase one when asked) and the reference's, merged
+    with the snippets; also the seconds of each."""
+    attacks = cfg.attack.attacks
+    scored = snip_meta[["snippet_id", "text"]]
     t1 = time.time()
     log(f"scoring with target {cfg.model.name_or_path} on {cfg.resources.scorer_actors} actor(s)")
     tgt = score_pool(
@@ -143,8 +183,12 @@ def score_attacks(
         seconds["reference"] = round(time.time() - t1 - seconds["target"], 2)
     if len(merged) != len(snip_meta):
         raise MiaError(f"scored {len(merged)} of {len(snip_meta)} snippets: results are missing")
-    extra = run_passes(cfg, need, merged, out, fp_snip, prefixes, seconds)
-    t_score = time.time() - t1
+    return merged, seconds
+
+
+def _score_frames(cfg: AttackJobConfig, merged: pd.DataFrame, extra: dict, labels):
+    """Every attack's snippet scores and their document aggregates, labelled."""
+    from mia_ray.features.attacks import score_table, stats_from_columns
 
     stats = stats_from_columns(
         merged["text"],
@@ -155,40 +199,17 @@ def score_attacks(
         merged["ref_loss"] if "ref_loss" in merged else None,
         extra,
     )
-    table = score_table(
-        stats, attacks, cfg.attack.min_k_ratios, cfg.attack.min_k_ratio, cfg.attack.params()
-    )
+    attack = cfg.attack
+    table = score_table(stats, attack.attacks, attack.min_k_ratios, attack.min_k_ratio,
+                        attack.params())  # fmt: skip
     snip_scores = merged[["snippet_id", "doc_id", "n_tokens"]].copy()
     for name, col in table.items():
         snip_scores[name] = col
     snip_scores["label"] = snip_scores["doc_id"].map(labels).astype(int)
     score_cols = list(table)
-    doc_scores = aggregate_scores(snip_scores, score_cols, cfg.attack.aggregate)
+    doc_scores = aggregate_scores(snip_scores, score_cols, attack.aggregate)
     doc_scores["label"] = doc_scores["doc_id"].map(labels).astype(int)
     doc_scores["n_snippets"] = doc_scores["doc_id"].map(snip_scores.groupby("doc_id").size())
     snip_scores["n_chars"] = merged["text"].str.len().to_numpy()
     snip_scores["text"] = merged["text"].to_numpy()  # exactly what every model scored
-    timings = {
-        "data_s": round(t_data, 2),
-        "score_s": round(t_score, 2),
-        "n_snippets": len(snip_meta),
-        "n_cropped": n_cropped,
-    }
-    return (
-        snip_scores,
-        doc_scores,
-        {
-            "labels": labels,
-            "timings": timings,
-            "snippets": scored,
-            # The target's rows (loss, token log-probs, vocabulary moments) by snippet, with
-            # their text: a method run on the same snippets reuses them (audit.methods).
-            "target_rows": merged.drop(columns=["ref_loss"], errors="ignore"),
-            "docs": docs,
-            "score_cols": score_cols,
-            "passes": need,
-            "pass_seconds": seconds,
-            "held_out": held,
-            "prefixes": prefixes,
-        },
-    )
+    return snip_scores, doc_scores, score_cols
