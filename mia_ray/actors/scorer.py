@@ -27,11 +27,13 @@ def vocab_moments(logp):
     return mu, var.clamp_min(0).sqrt()
 
 
-def row_stats(logits, ids, mask, texts: list[str], full: bool) -> list[dict]:
+def row_stats(logits, ids, mask, texts: list[str], full: bool, moments: bool = True) -> list[dict]:
     """Per row of one forward pass (logits (B, T, V), ids and mask (B, T)): the mean NLL
     ``loss`` and ``n_tokens``, and with ``full`` the observed tokens' log-probs and the
     vocabulary moments (``token_logprobs``, ``mu``, ``sigma``: float32, n_tokens - 1 each)
-    and the ids of those tokens (``token_ids``, int32).
+    and the ids of those tokens (``token_ids``, int32). ``moments=False`` leaves out ``mu``
+    and ``sigma``: two more passes over the vocabulary per token, 8 % of a batch's time on
+    SmolLM2-135M (BENCHMARKS.md), which an attack reading only log-probs need not pay.
 
     On an accelerator nothing here waits for the device per row: the rows' results stay on
     it, padded into (B, T - 1) tensors, and come to the host in one copy per column. Rows are
@@ -56,7 +58,8 @@ def row_stats(logits, ids, mask, texts: list[str], full: bool) -> list[dict]:
         raise MiaError("the attention mask has gaps inside a row: pad on one side only")
     start = starts.tolist()
     width = max(n) - 1
-    cols = ["tok", "mu", "sigma"] if full else ["tok"]
+    moments = full and moments
+    cols = ["tok", "mu", "sigma"] if moments else ["tok"]
     out = {c: torch.zeros(B, width, dtype=torch.float32, device=logits.device) for c in cols}
     loss = torch.empty(B, dtype=torch.float32, device=logits.device)
     for i in range(B):
@@ -65,7 +68,7 @@ def row_stats(logits, ids, mask, texts: list[str], full: bool) -> list[dict]:
         tok_lp = logp.gather(-1, ids[i, a + 1 : a + k, None]).squeeze(-1)
         loss[i] = -tok_lp.mean()
         out["tok"][i, : k - 1] = tok_lp
-        if full:
+        if moments:
             out["mu"][i, : k - 1], out["sigma"][i, : k - 1] = vocab_moments(logp)
     host = {c: v.cpu().numpy() for c, v in out.items()}
     losses = loss.cpu().tolist()
@@ -74,8 +77,9 @@ def row_stats(logits, ids, mask, texts: list[str], full: bool) -> list[dict]:
         row = {"loss": losses[i], "n_tokens": k}
         if full:
             row["token_logprobs"] = host["tok"][i, : k - 1].copy()
-            row["mu"] = host["mu"][i, : k - 1].copy()
-            row["sigma"] = host["sigma"][i, : k - 1].copy()
+            if moments:
+                row["mu"] = host["mu"][i, : k - 1].copy()
+                row["sigma"] = host["sigma"][i, : k - 1].copy()
             row["token_ids"] = host_ids[i, start[i] + 1 : start[i] + k].astype("int32")
         rows.append(row)
     return rows
@@ -94,7 +98,8 @@ class Scorer:
     (all of the snippet's encoding but its first), ``context_tokens`` how much of the context
     fitted the model's window (its end is kept); with ``grad_norm``, ``grad_norm`` is the mean
     over the model's parameter tensors of the max-norm of the gradient of ``loss`` (MIMIR's
-    default norm; one backward per snippet).
+    default norm; one backward per snippet). ``moments=False``: ``token_logprobs`` and
+    ``token_ids`` without ``mu`` and ``sigma``.
     """
 
     def __init__(
@@ -112,6 +117,7 @@ class Scorer:
         prefix: str = "",
         context: str = "",
         grad_norm: bool = False,
+        moments: bool = True,
     ):
         from mia_ray.models.hf import load_causal_lm, set_torch_threads
 
@@ -129,6 +135,7 @@ class Scorer:
         self.prefix = prefix
         self.context = self.tok(context, add_special_tokens=False)["input_ids"] if context else []
         self.grad_norm = grad_norm
+        self.moments = moments
 
     def _encode(self, texts: list[str]):
         enc = self.tok(
@@ -152,7 +159,7 @@ class Scorer:
         enc = self._encode(texts)
         with torch.inference_mode():
             logits = self.model(**enc).logits
-        return row_stats(logits, enc["input_ids"], enc["attention_mask"], texts, full)
+        return row_stats(logits, enc["input_ids"], enc["attention_mask"], texts, full, self.moments)
 
     def _conditioned(self, texts: list[str]) -> list[dict]:
         """The snippets read after ``self.context`` (see the class)."""

@@ -467,9 +467,7 @@ def _mimir_table(datasets, repo: str, subset: str, split: str, path: str):
     files = mimir_files(subset, split)
     root = repo if repo.startswith("/") else f"{HUB_PREFIX}{repo}"
     try:
-        got = datasets.load_dataset(
-            "text", data_files={k: f"{root}/{v}" for k, v in files.items()}
-        )
+        got = datasets.load_dataset("text", data_files={k: f"{root}/{v}" for k, v in files.items()})
     except Exception as e:
         raise MiaError(f"cannot load {path} (subset {subset}, split {split}): "
                        f"{_first_line(e)}") from None  # fmt: skip

@@ -161,6 +161,12 @@ def test_row_stats_keeps_each_rows_numbers_bit_for_bit(side, dtype):
     short = row_stats(logits, ids, mask, ["x"] * B, False)
     assert [r["loss"] for r in short] == [r["loss"] for r in got]
     assert all(set(r) == {"loss", "n_tokens"} for r in short)
+    logprobs = row_stats(logits, ids, mask, ["x"] * B, True, moments=False)
+    assert all(set(r) == {"loss", "n_tokens", "token_logprobs", "token_ids"} for r in logprobs)
+    for a, b in zip(logprobs, got, strict=True):
+        assert a["loss"] == b["loss"]
+        np.testing.assert_array_equal(a["token_logprobs"], b["token_logprobs"])
+        np.testing.assert_array_equal(a["token_ids"], b["token_ids"])
 
 
 def test_row_stats_refuses_a_mask_with_gaps_and_a_one_token_row():

@@ -226,7 +226,9 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         pc = a.pac
         rows = variant_rows(scored, "aug", lambda sid, t: random_swaps(
             t, pc.copies, pc.swap_share, seed=f"{a.seed}:{sid}"))  # fmt: skip
-        got = pool(rows, "augment", fingerprint(text_key(rows), key, "full"), full=True)
+        # PAC reads the copies' token log-probs only: no vocabulary moments.
+        got = pool(rows, "augment", fingerprint(text_key(rows), key, "logprobs"), full=True,
+                   moments=False)  # fmt: skip
         lps = per_snippet(ids, got, "aug", pc.copies, "token_logprobs")
         extra["augment_logprobs"] = [tuple(np.asarray(x) for x in v) for v in lps]
         took("augment")

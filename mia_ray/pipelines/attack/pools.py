@@ -9,10 +9,10 @@ import numpy as np
 
 
 def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, full: bool,
-                  context: str = "", grad_norm: bool = False):  # fmt: skip
+                  context: str = "", grad_norm: bool = False, moments: bool = True):  # fmt: skip
     """``mapper(ds) -> ds``: a pool of Scorer actors over ``model_blocks`` (whole blocks of
     whole model batches), as the pipelines run it (``context``, ``grad_norm``: the Scorer's
-    other passes)."""
+    other passes; ``moments``: see the Scorer)."""
     import ray
 
     from mia_ray import storage
@@ -43,6 +43,7 @@ def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, 
                 "prefix": prefix,
                 "context": context,
                 "grad_norm": grad_norm,
+                "moments": moments,
             },
             batch_size=None,
             batch_format="pandas",
@@ -67,7 +68,7 @@ def score_pool(
 ):
     """Stream snippets (pandas: snippet_id, text) through one Scorer pool into the ``parts``
     stage ``out_dir`` keyed ``fp`` (``stages.parts_stage``: resumable); ``passes``: the
-    Scorer's ``context`` or ``grad_norm``."""
+    Scorer's ``context``, ``grad_norm`` or ``moments``."""
     from mia_ray.stages import parts_stage
 
     mapper = scorer_mapper(model_cfg, res_cfg, model, prefix, lowercase, full, **passes)
