@@ -76,6 +76,7 @@ lint: setup
 
 bench: setup
 	$(VENV)/bin/python bench/scorer_bench.py --target smollm2 --out BENCHMARKS.md
+	$(VENV)/bin/python bench/zoo_bench.py --target smollm2 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/copycheck_bench.py --scale demo --n-unseen 10 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/lumia_bench.py --target tiny --scale test --n-samples 96 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/memhunter_bench.py --target smollm2 --pairs 12 --trials 5 --out BENCHMARKS.md
