@@ -52,7 +52,7 @@ def moments_share(model_dir: Path, texts: list[str], batch: int, repeats: int = 
 
 def run_zoo(target: str, out: Path, threads: int) -> tuple[dict, float]:
     shutil.rmtree(out, ignore_errors=True)
-    cmd = ["mia-ray", "attack", "--config", str(ROOT / "jobs/attack_demo.yaml"),
+    cmd = [str(Path(sys.executable).parent / "mia-ray"), "attack", "--config", str(ROOT / "jobs/attack_demo.yaml"),
            "--set", f"world.target={target}", "--set", f"resources.torch_threads={threads}",
            "--out", str(out)]  # fmt: skip
     t0 = time.perf_counter()
