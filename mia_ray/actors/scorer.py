@@ -136,6 +136,7 @@ class Scorer:
         self.context = self.tok(context, add_special_tokens=False)["input_ids"] if context else []
         self.grad_norm = grad_norm
         self.moments = moments
+        self._prefixes: dict = {}  # leading special tokens -> the context's cache (or None)
 
     def _encode(self, texts: list[str]):
         enc = self.tok(
@@ -162,12 +163,14 @@ class Scorer:
         return row_stats(logits, enc["input_ids"], enc["attention_mask"], texts, full, self.moments)
 
     def _conditioned(self, texts: list[str]) -> list[dict]:
-        """The snippets read after ``self.context`` (see the class)."""
-        import torch
-
+        """The snippets read after ``self.context`` (see the class). Rows whose window holds
+        the whole context share one forward pass of it: its keys and values are computed once
+        per actor and the rows run on from them (the prefix costs one pass, not one per
+        snippet); the others, and models whose cache cannot be shared this way, are read
+        whole."""
         specials = set(self.tok.all_special_ids)
-        seqs, scored, kept = [], [], []
-        for text in texts:
+        seqs, scored, kept, cached = [], [], [], {}
+        for i, text in enumerate(texts):
             own = self.tok(text, truncation=True, max_length=self.max_length)["input_ids"]
             if len(own) < 2:
                 raise MiaError(
@@ -175,10 +178,33 @@ class Scorer:
                 )
             lead = next((j for j, t in enumerate(own) if t not in specials), len(own))
             room = max(0, self.window - len(own))
-            ctx = self.context[len(self.context) - room :] if room else []
+            ctx = self.context[max(0, len(self.context) - room) :] if room else []
             seqs.append(own[:lead] + ctx + own[lead:])
             scored.append(len(own) - 1)
             kept.append(len(ctx))
+            # (A second leading special token would put context tokens among the scored.)
+            whole_ctx = len(ctx) == len(self.context) and lead <= 1
+            if whole_ctx and self._prefix_state(tuple(own[:lead])):
+                cached.setdefault(tuple(own[:lead]), []).append(i)
+        losses = [0.0] * len(texts)
+        whole = sorted(set(range(len(texts))) - {i for rows in cached.values() for i in rows})
+        if whole:
+            for i, loss in zip(whole, self._read_whole([seqs[i] for i in whole],
+                                                       [scored[i] for i in whole]), strict=True):  # fmt: skip
+                losses[i] = loss
+        for lead, rows in cached.items():
+            start = len(lead) + len(self.context)
+            got = self._read_after_prefix(lead, [seqs[i][start:] for i in rows],
+                                          [scored[i] for i in rows])  # fmt: skip
+            for i, loss in zip(rows, got, strict=True):
+                losses[i] = loss
+        return [{"loss": loss, "n_tokens": k + 1, "context_tokens": c}
+                for loss, k, c in zip(losses, scored, kept, strict=True)]  # fmt: skip
+
+    def _read_whole(self, seqs: list[list[int]], scored: list[int]) -> list[float]:
+        """Mean NLL of each sequence's last ``scored`` tokens, each read from its start."""
+        import torch
+
         width = max(map(len, seqs))
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         ids = torch.tensor([q + [pad] * (width - len(q)) for q in seqs], device=self.device)
@@ -187,15 +213,57 @@ class Scorer:
         )
         with torch.inference_mode():
             logits = self.model(input_ids=ids, attention_mask=mask).logits
-        rows = []
+        out = []
         for i, (q, k) in enumerate(zip(seqs, scored, strict=True)):
             end = len(q)
             logp = torch.log_softmax(logits[i, end - 1 - k : end - 1].float(), dim=-1)
-            tok_lp = logp.gather(-1, ids[i, end - k : end, None]).squeeze(-1)
-            rows.append(
-                {"loss": float(-tok_lp.mean()), "n_tokens": k + 1, "context_tokens": kept[i]}
-            )
-        return rows
+            out.append(float(-logp.gather(-1, ids[i, end - k : end, None]).mean()))
+        return out
+
+    def _prefix_state(self, lead: tuple):
+        """The context's cache after ``lead`` (the snippet's leading special tokens) and the
+        log-probs at its last position, computed once; None where the model's cache is not a
+        plain one that a batch can run on from (sliding windows, recurrent state)."""
+        import torch
+        from transformers import DynamicCache
+
+        if lead not in self._prefixes:
+            ids = torch.tensor([list(lead) + self.context], device=self.device)
+            with torch.inference_mode():
+                out = self.model(input_ids=ids, use_cache=True)
+            cache = out.past_key_values
+            plain = type(cache) is DynamicCache and not any(getattr(cache, "is_sliding", []))
+            last = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            self._prefixes[lead] = (cache, last) if plain else None
+        return self._prefixes[lead]
+
+    def _read_after_prefix(self, lead: tuple, rests: list[list[int]], scored: list[int]):
+        """Mean NLL of each row's last ``scored`` tokens, the rows (``rests``: what follows
+        the prefix) run on from the prefix's cache in one batch."""
+        import copy
+
+        import torch
+
+        cache, last = self._prefix_state(lead)
+        n_prefix = cache.get_seq_length()
+        width = max(map(len, rests))
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rests], device=self.device)
+        mask = torch.tensor(
+            [[1] * (n_prefix + len(r)) + [0] * (width - len(r)) for r in rests],
+            device=self.device,
+        )
+        past = copy.deepcopy(cache)
+        past.batch_repeat_interleave(len(rests))
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, attention_mask=mask, past_key_values=past).logits
+        out = []
+        for i, (r, k) in enumerate(zip(rests, scored, strict=True)):
+            # Token j of the rest is predicted at position j - 1, the first by the prefix.
+            logp = torch.log_softmax(logits[i, : len(r) - 1].float(), dim=-1)
+            logp = torch.cat([last[None], logp])[len(r) - k :]
+            out.append(float(-logp.gather(-1, ids[i, len(r) - k : len(r), None]).mean()))
+        return out
 
     def _gradient(self, texts: list[str]) -> list[dict]:
         """One backward per snippet (see the class)."""

@@ -96,6 +96,51 @@ def test_a_snippets_score_does_not_depend_on_its_batch(test_world):
     assert batched["loss"] == pytest.approx(alone["loss"], abs=1e-5)
 
 
+def test_a_prefix_read_once_scores_as_each_snippet_read_after_it_whole(test_world):
+    """ReCaLL's pass: rows that fit the whole context run on from its cache, computed once;
+    each row's NLL must equal the same tokens read from the start in one plain forward pass
+    (written here from the definition), whichever path the row took, with or without a
+    leading special token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mia_ray.actors.scorer import Scorer
+
+    path = str(test_world["model"])
+    context = "Enter the ghost, and then the king, and all the lords of Denmark. " * 3
+    scorer = Scorer(path, device="cpu", dtype="float32", torch_threads=1, context=context)
+    eos = scorer.tok.eos_token
+    texts = ["To be, or not to be, that is the question.",
+             eos + "Whether 'tis nobler in the mind to suffer",
+             "A much longer snippet " + "with many repeated words " * 60,  # fills the window
+             "A middling snippet " + "of some words " * 30,  # leaves room for part of it
+             "The slings and arrows of outrageous fortune"]  # fmt: skip
+    got = scorer._conditioned(texts)
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    window = model.config.n_positions
+    ctx = tok(context, add_special_tokens=False)["input_ids"]
+    for text, row in zip(texts, got, strict=True):
+        own = tok(text)["input_ids"][:window]  # the Scorer crops to the window
+        lead = 1 if own[0] == tok.eos_token_id else 0
+        room = max(0, window - len(own))
+        ids = own[:lead] + ctx[max(0, len(ctx) - room) :] + own[lead:]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].double()
+        lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        want = -float(lp[len(ids) - len(own) :].mean())
+        assert row["loss"] == pytest.approx(want, abs=1e-5), text[:20]
+        assert row["n_tokens"] == len(own) and row["context_tokens"] == min(room, len(ctx))
+    assert [r["context_tokens"] for r in got][:2] == [len(ctx)] * 2 and got[4][
+        "context_tokens"
+    ] == len(ctx)
+    assert got[2]["context_tokens"] == 0 and 0 < got[3]["context_tokens"] < len(ctx)
+    # Both leads (none, and the EOS the second text starts with) were read once, and cached.
+    assert set(scorer._prefixes) == {(), (tok.eos_token_id,)}
+    assert all(v is not None for v in scorer._prefixes.values())
+
+
 def test_vocab_moments_give_no_nan_for_a_ruled_out_token():
     import torch
 

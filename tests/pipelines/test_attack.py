@@ -248,7 +248,7 @@ class _Plain:
         own = self.ids(text)
         context = self.tok(prefix, add_special_tokens=False)["input_ids"]
         room = self.window - len(own)
-        ids = context[len(context) - room :] + own if room > 0 else own
+        ids = context[max(0, len(context) - room) :] + own if room > 0 else own
         return -float(self.logprobs(ids, len(own) - 1).mean())
 
     def grad_inf_norm(self, text: str) -> float:
