@@ -231,7 +231,10 @@ class Scorer:
             ids = torch.tensor([list(lead) + self.context], device=self.device)
             with torch.inference_mode():
                 out = self.model(input_ids=ids, use_cache=True)
-            cache = out.past_key_values
+            # transformers 5 names it `cache`; earlier releases `past_key_values`.
+            cache = getattr(out, "cache", None)
+            if cache is None:
+                cache = getattr(out, "past_key_values", None)
             plain = type(cache) is DynamicCache and not any(getattr(cache, "is_sliding", []))
             last = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
             self._prefixes[lead] = (cache, last) if plain else None
@@ -241,6 +244,7 @@ class Scorer:
         """Mean NLL of each row's last ``scored`` tokens, the rows (``rests``: what follows
         the prefix) run on from the prefix's cache in one batch."""
         import copy
+        import inspect
 
         import torch
 
@@ -255,8 +259,10 @@ class Scorer:
         )
         past = copy.deepcopy(cache)
         past.batch_repeat_interleave(len(rests))
+        params = inspect.signature(self.model.forward).parameters
+        kw = {"cache" if "cache" in params else "past_key_values": past}
         with torch.inference_mode():
-            logits = self.model(input_ids=ids, attention_mask=mask, past_key_values=past).logits
+            logits = self.model(input_ids=ids, attention_mask=mask, **kw).logits
         out = []
         for i, (r, k) in enumerate(zip(rests, scored, strict=True)):
             # Token j of the rest is predicted at position j - 1, the first by the prefix.
