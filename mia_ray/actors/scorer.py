@@ -32,7 +32,7 @@ def row_stats(logits, ids, mask, texts: list[str], full: bool, moments: bool = T
     ``loss`` and ``n_tokens``, and with ``full`` the observed tokens' log-probs and the
     vocabulary moments (``token_logprobs``, ``mu``, ``sigma``: float32, n_tokens - 1 each)
     and the ids of those tokens (``token_ids``, int32). ``moments=False`` leaves out ``mu``
-    and ``sigma``: two more passes over the vocabulary per token, 8 % of a batch's time on
+    and ``sigma``: two more passes over the vocabulary per token, 17 % of a batch's time on
     SmolLM2-135M (BENCHMARKS.md), which an attack reading only log-probs need not pay.
 
     On an accelerator nothing here waits for the device per row: the rows' results stay on
