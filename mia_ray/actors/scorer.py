@@ -205,12 +205,7 @@ class Scorer:
         """Mean NLL of each sequence's last ``scored`` tokens, each read from its start."""
         import torch
 
-        width = max(map(len, seqs))
-        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        ids = torch.tensor([q + [pad] * (width - len(q)) for q in seqs], device=self.device)
-        mask = torch.tensor(
-            [[1] * len(q) + [0] * (width - len(q)) for q in seqs], device=self.device
-        )
+        ids, mask = self._right_padded(seqs)
         with torch.inference_mode():
             logits = self.model(input_ids=ids, attention_mask=mask).logits
         out = []
@@ -219,6 +214,19 @@ class Scorer:
             logp = torch.log_softmax(logits[i, end - 1 - k : end - 1].float(), dim=-1)
             out.append(float(-logp.gather(-1, ids[i, end - k : end, None]).mean()))
         return out
+
+    def _right_padded(self, seqs: list[list[int]], n_before: int = 0):
+        """Token ids (B, T) padded on the right and their attention mask, which also covers
+        ``n_before`` cached positions ahead of every row."""
+        import torch
+
+        width = max(map(len, seqs))
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        ids = torch.tensor([q + [pad] * (width - len(q)) for q in seqs], device=self.device)
+        mask = torch.tensor(
+            [[1] * (n_before + len(q)) + [0] * (width - len(q)) for q in seqs], device=self.device
+        )
+        return ids, mask
 
     def _prefix_state(self, lead: tuple):
         """The context's cache after ``lead`` (the snippet's leading special tokens) and the
@@ -249,16 +257,10 @@ class Scorer:
         import torch
 
         cache, last = self._prefix_state(lead)
-        n_prefix = cache.get_seq_length()
-        width = max(map(len, rests))
-        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rests], device=self.device)
-        mask = torch.tensor(
-            [[1] * (n_prefix + len(r)) + [0] * (width - len(r)) for r in rests],
-            device=self.device,
-        )
+        ids, mask = self._right_padded(rests, cache.get_seq_length())
         past = copy.deepcopy(cache)
         past.batch_repeat_interleave(len(rests))
+        # transformers 5 names the argument `cache`; earlier releases `past_key_values`.
         params = inspect.signature(self.model.forward).parameters
         kw = {"cache" if "cache" in params else "past_key_values": past}
         with torch.inference_mode():
