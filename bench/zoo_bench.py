@@ -2,9 +2,11 @@
 attack (jobs/attack_demo.yaml) on a fresh output folder, timed from the command to
 report.json, with each pass's seconds as the report records them; and, side by side in one
 process, what the Scorer's vocabulary moments (Min-K%++'s mu and sigma) add to a forward
-pass, which PAC's augmented copies no longer compute.
+pass, which PAC's augmented copies no longer compute, and ReCaLL's pass run on from the
+prefix's cache against each snippet read after the whole prefix.
 
     python bench/zoo_bench.py --target smollm2 [--out BENCHMARKS.md]
+    python bench/zoo_bench.py --kernels-only   # the side-by-side parts, on a finished run
 """
 
 from __future__ import annotations
@@ -50,6 +52,30 @@ def moments_share(model_dir: Path, texts: list[str], batch: int, repeats: int = 
     return best
 
 
+def prefix_cache_speed(model_dir: Path, docs: list[str], repeats: int = 2) -> dict:
+    """Seconds (best of ``repeats``) of ReCaLL's pass over one batch of 8 snippets after a
+    10-snippet prefix: run on from the prefix's cache (computed once, before timing) and
+    read whole, side by side in one process; also the largest loss difference."""
+    from mia_ray.actors.scorer import Scorer
+
+    cut = [" ".join(d.split()[:100]) for d in docs]
+    context, texts = " ".join(cut[:10]), cut[10:18]
+    cached = Scorer(str(model_dir), device="cpu", dtype="float32", torch_threads=1,
+                    context=context)  # fmt: skip
+    whole = Scorer(str(model_dir), device="cpu", dtype="float32", torch_threads=1,
+                   context=context)  # fmt: skip
+    whole._prefixes[()] = None  # no cache: every row read after the whole prefix
+    first = cached._conditioned(texts)  # computes the prefix's cache
+    best = {"cached": 1e9, "whole": 1e9}
+    for _ in range(repeats):
+        for name, scorer in (("cached", cached), ("whole", whole)):
+            t = time.perf_counter()
+            got = scorer._conditioned(texts)
+            best[name] = min(best[name], time.perf_counter() - t)
+    diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(first, got, strict=True))
+    return {**best, "prefix_tokens": len(cached.context), "max_diff": diff}
+
+
 def run_zoo(target: str, out: Path, threads: int) -> tuple[dict, float]:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [str(Path(sys.executable).parent / "mia-ray"), "attack", "--config", str(ROOT / "jobs/attack_demo.yaml"),
@@ -60,19 +86,45 @@ def run_zoo(target: str, out: Path, threads: int) -> tuple[dict, float]:
     return json.loads((out / "report.json").read_text()), time.perf_counter() - t0
 
 
+def kernels(run: Path) -> str:
+    """The two side-by-side measurements, on the model and documents of the job's run."""
+    report = json.loads((run / "report.json").read_text())
+    model = Path(report["model"]["name_or_path"])
+    docs = [json.loads(x)["text"] for x in open(report["data"]["path"])]
+    share = moments_share(model, docs[:8], 8)
+    cache = prefix_cache_speed(model, docs)
+    moments_cost = share["with moments"] - share["log-probs only"]
+    return (
+        f"The vocabulary moments, side by side on one batch of 8 snippets ({share['tokens']} "
+        f"tokens, one thread, best of 5): forward pass {share['forward']:.2f} s, row stats "
+        f"with moments {share['with moments']:.3f} s, log-probs only "
+        f"{share['log-probs only']:.3f} s. The moments are "
+        f"{100 * moments_cost / (share['forward'] + share['with moments']):.1f} % of a full "
+        "pass; PAC's augmented copies, which read log-probs only, no longer compute them.\n\n"
+        f"ReCaLL's pass, side by side on one batch of 8 snippets after a "
+        f"{cache['prefix_tokens']:,}-token prefix (one thread, best of 2): "
+        f"{cache['cached']:.2f} s run on from the prefix's cache, {cache['whole']:.2f} s with "
+        f"each snippet read after the whole prefix (**{cache['whole'] / cache['cached']:.1f}x**); "
+        f"the losses differ by at most {cache['max_diff']:.1e}."
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--run", default=str(ROOT / "runs/bench-zoo"), help="the job's output folder")
     ap.add_argument("--out", default="", help="the Markdown file whose section is replaced")
+    ap.add_argument("--kernels-only", action="store_true",
+                    help="print the two side-by-side measurements, without the job")  # fmt: skip
     args = ap.parse_args()
+    if args.kernels_only:
+        print(kernels(Path(args.run)))
+        return
 
     load = os.getloadavg()[0]
     report, wall = run_zoo(args.target, Path(args.run), args.threads)
     n = report["timings"]["n_snippets"]
-    texts = [json.loads(x)["text"] for x in open(report["data"]["path"])][:8]
-    share = moments_share(Path(report["model"]["name_or_path"]), texts, 8)
     rows = []
     for name, p in report["passes"].items():
         s = p["seconds"]
@@ -81,7 +133,6 @@ def main() -> None:
         attacks = ", ".join(f"`{a}`" for a in p["attacks"]) if len(p["attacks"]) < 13 else "all"
         rows.append(f"| {name} | {attacks} | {p['cost']} | {shown} | {per_k} |")
     t = report["timings"]
-    moments_cost = share["with moments"] - share["log-probs only"]
     text = "\n".join(
         [
             f"## The attack zoo on `{args.target}`: what each attack costs, in passes and seconds",
@@ -102,12 +153,7 @@ def main() -> None:
             "|---|---|---|---|---|",
             *rows,
             "",
-            f"The vocabulary moments, side by side on one batch of 8 snippets ({share['tokens']} "
-            f"tokens, one thread, best of 5): forward pass {share['forward']:.2f} s, row stats "
-            f"with moments {share['with moments']:.3f} s, log-probs only "
-            f"{share['log-probs only']:.3f} s. The moments are "
-            f"{100 * moments_cost / (share['forward'] + share['with moments']):.1f} % of a full "
-            "pass; PAC's augmented copies, which read log-probs only, no longer compute them.",
+            kernels(Path(args.run)),
         ]
     )
     print(text)
