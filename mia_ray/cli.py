@@ -15,6 +15,7 @@ new report at its end (atomically), so a run that fails leaves no report of anot
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import time
 import traceback
 from pathlib import Path
 
+from mia_ray import redact
 from mia_ray.errors import MiaError, describe_failure, find_mia_error
 
 
@@ -76,7 +78,27 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", required=True, help="local model folder or hub name")
     sp.add_argument("--host", default="127.0.0.1", help="address to listen on")
     sp.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
-    sp.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY'")
+    sp.add_argument(
+        "--api-key-file",
+        default="",
+        metavar="PATH",
+        help="require 'Authorization: Bearer KEY', KEY the first line of PATH "
+        "(or set $MIA_RAY_API_KEY)",
+    )
+    sp.add_argument(
+        "--api-key",
+        default="",
+        metavar="KEY",
+        help="KEY on the command line: visible to other users in ps; prefer $MIA_RAY_API_KEY "
+        "or --api-key-file",
+    )
+    sp.add_argument(
+        "--served-model-name",
+        default="",
+        metavar="NAME",
+        help="the model's id in /v1/models and answers (default: a local folder's base name, "
+        "never its path; a hub name as given)",
+    )
     sp.add_argument("--device", default="auto", help="auto, cpu or cuda")
     sp.set_defaults(handler=_serve)
     return p
@@ -88,10 +110,19 @@ def _run(argv: list[str] | None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from mia_ray.serve import make_server
+    from mia_ray.pipelines.common import check_model_early
+    from mia_ray.serve import make_server, read_api_key
 
-    server = make_server(args.model, args.host, args.port, args.api_key, args.device)
-    print(f"mia-ray serve: {args.model} at {server.base_url} (Ctrl-C stops)", file=sys.stderr)
+    key = read_api_key(args.api_key, args.api_key_file)
+    # Before the weights load: a tokenizer past the embeddings would fail every request.
+    check_model_early(args.model, "--model")
+    server = make_server(
+        args.model, args.host, args.port, key, args.device, model_id=args.served_model_name
+    )
+    print(
+        f"mia-ray serve: {args.model} as {server.model_id!r} at {server.base_url} (Ctrl-C stops)",
+        file=sys.stderr,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -103,7 +134,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run_pipeline(args: argparse.Namespace) -> int:
     from mia_ray import registry
-    from mia_ray.config import dump_yaml, load_config
+    from mia_ray.config import check_inputs_exist, dump_yaml, load_config
 
     spec = registry.get("pipeline", args.pipeline)
     # A pipeline's own flags are --set overrides that win over the YAML and over --set; the
@@ -116,15 +147,24 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     cfg = load_config(spec.config_cls, args.config, [*args.overrides, *flagged])
     if args.address is not None and hasattr(cfg, "resources"):
         cfg.resources.address = args.address
+    redact.remember([dump_yaml(cfg, spec.name)], env=False)
     if args.print_config:
-        print(dump_yaml(cfg, spec.name), end="")
+        print(redact.scrub(dump_yaml(cfg, spec.name)), end="")
         return 0
+    # before Ray starts (20-45 s) and before --out exists
+    check_inputs_exist(getattr(cfg, "input_paths", dict)())
     out = Path(args.out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise MiaError(f"--out {args.out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
+    with _run_folder_lock(out):
+        return _run_locked(spec, cfg, out)
 
+
+def _run_locked(spec, cfg, out: Path) -> int:
+    """The run itself, while this process holds ``out``."""
     from mia_ray import storage
+    from mia_ray.config import dump_yaml
     from mia_ray.reports.io import write_json, write_text
     from mia_ray.runtime import configure_data_context, connect
 
@@ -153,6 +193,33 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+LOCK = ".mia-ray.lock"
+
+
+@contextlib.contextmanager
+def _run_folder_lock(out: Path):
+    """Hold ``out/.mia-ray.lock`` while the run lasts, or refuse: two runs in one folder
+    would mix their config, reports and manifest. An exclusive ``flock`` dies with its
+    process, so a killed run never leaves a stale lock behind."""
+    import fcntl
+
+    with open(out / LOCK, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise MiaError(
+                f"--out {out} is in use by another mia-ray run ({holder}); wait for it to end "
+                "or give another --out"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.flush()
+        yield  # the lock goes with the file's close
+
+
 def _set_aside_last_report(out: Path) -> None:
     """Move the last run's outputs to ``out/previous/``: its report, its config, its manifest
     and every other file at the top of ``out`` (score tables and the like), so that a run
@@ -175,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     # there (set RAY_DATA_LOG_LEVEL=INFO to see them).
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    redact.forget()
+    redact.remember(sys.argv[1:] if argv is None else argv)
     try:
         return _run(argv)
     except KeyboardInterrupt:
@@ -190,10 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             # Ray's wrappers keeps the remote traceback for whoever debugs the worker.
             plain = type(e).__module__.startswith("mia_ray")
             where = "" if plain else _write_error_log(argv, create=False)
-            print(f"mia-ray: error: {err}{where}", file=sys.stderr)
+            print(redact.scrub(f"mia-ray: error: {err}{where}"), file=sys.stderr)
             return 2
         where = _write_error_log(argv, create=True)
-        print(f"mia-ray: failed: {describe_failure(e)}{where}", file=sys.stderr)
+        print(redact.scrub(f"mia-ray: failed: {describe_failure(e)}{where}"), file=sys.stderr)
         return 1
 
 
@@ -204,7 +273,7 @@ def _write_error_log(argv: list[str] | None, create: bool) -> str:
         return ""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "error.log").write_text(traceback.format_exc())
+        (out / "error.log").write_text(redact.scrub(traceback.format_exc()))
     except OSError:
         return ""
     return f" (traceback in {out / 'error.log'})"

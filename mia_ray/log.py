@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 import time
 
+from mia_ray.redact import scrub
+
 
 def log(msg: str, who: str = "mia-ray") -> None:
     """``[who HH:MM:SS] msg`` on stderr, flushed (Ray forwards workers' stderr to the driver)."""
-    print(f"[{who} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    print(f"[{who} {time.strftime('%H:%M:%S')}] {scrub(msg)}", file=sys.stderr, flush=True)
 
 
 def note(msg: str) -> None:

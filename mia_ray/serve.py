@@ -6,8 +6,11 @@ string or a list), ``echo``, ``logprobs`` (top-n), ``max_tokens`` (0 = score the
 and greedy decoding (``temperature`` 0, also when left out), or sampling (``temperature`` >
 0 with ``n``, ``seed`` and ``top_k``; no echo or log-probs then). Prompts are tokenised without
 special tokens, as OpenAI's completion models do, so a prompt's first token has no log-prob.
-Errors are JSON ``{"error": {"message", "type"}}``; with an API key every request needs
-``Authorization: Bearer <key>``. One request runs on the model at a time.
+Errors are JSON ``{"error": {"message", "type"}}``, one line, never a traceback (that goes to
+the server's log); with an API key every request needs ``Authorization: Bearer <key>``,
+checked before the body is read. A connection that sends nothing for ``READ_TIMEOUT_S`` is
+answered 408 (or closed). The model's id is a local folder's base name, never its path. One
+request runs on the model at a time.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ import hmac
 import inspect
 import json
 import logging
+import os
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from mia_ray.backends.local import LocalHFBackend
 from mia_ray.errors import MiaError
@@ -28,6 +34,8 @@ from mia_ray.errors import MiaError
 log = logging.getLogger("mia_ray.serve")
 _MAX_BODY = 16 * 1024 * 1024
 _MAX_TOP = 20
+READ_TIMEOUT_S = 10.0  # a client silent this long gets a 408 (a slow body must not hold a thread)
+API_KEY_ENV = "MIA_RAY_API_KEY"
 
 
 class ApiError(Exception):
@@ -39,13 +47,22 @@ class ApiError(Exception):
 
 
 class CompletionsServer(ThreadingHTTPServer):
-    """Serves one :class:`LocalHFBackend`'s model as ``model_id``."""
+    """Serves one :class:`LocalHFBackend`'s model as ``model_id``; a request may also name it
+    as ``source`` (the folder or hub name it was loaded from, as jobs on this machine do)."""
 
     daemon_threads = True  # Ctrl-C must not wait for a client that keeps its connection
 
-    def __init__(self, address: tuple[str, int], backend: LocalHFBackend, model_id: str, api_key):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        backend: LocalHFBackend,
+        model_id: str,
+        api_key: str,
+        source: str = "",
+    ):
         self.backend = backend
         self.model_id = model_id
+        self.source = source or model_id
         self.api_key = api_key
         self.created = int(time.time())
         self.model_lock = threading.Lock()
@@ -68,22 +85,69 @@ def make_server(
     api_key: str = "",
     device: str = "auto",
     dtype: str = "auto",
+    model_id: str = "",
 ) -> CompletionsServer:
     """Load ``model`` (a local folder or hub name) and bind; ``serve_forever()`` runs it.
 
-    Port 0 picks a free port (read it from ``server.base_url``).
+    Port 0 picks a free port (read it from ``server.base_url``). The model is served as
+    ``model_id``, by default a local folder's base name (a client must not learn where the
+    weights lie), a storage URL's last segment or a hub name as it is.
     """
+    if not model_id and "://" in model:
+        model_id = urlsplit(model).path.rstrip("/").rsplit("/", 1)[-1] or "model"
+    elif not model_id and Path(model).expanduser().exists():
+        model_id = Path(model).expanduser().resolve().name or "model"
+    model_id = model_id or model
     backend = LocalHFBackend(model, device=device, dtype=dtype)
     try:
-        return CompletionsServer((host, port), backend, model, api_key)
+        return CompletionsServer((host, port), backend, model_id, api_key, model)
     except OSError as e:
         backend.close()
         raise MiaError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+def read_api_key(flag: str = "", file: str = "") -> str:
+    """The key a server requires ("" for none): from ``$MIA_RAY_API_KEY``, the first line of
+    ``file`` (``--api-key-file``) or ``flag`` (``--api-key``, which ``ps`` shows to every user
+    of the machine); more than one of them is an error. No message holds the key."""
+    given = [
+        name
+        for name, value in (
+            (f"${API_KEY_ENV}", os.environ.get(API_KEY_ENV, "")),
+            ("--api-key-file", file),
+            ("--api-key", flag),
+        )
+        if value
+    ]
+    if len(given) > 1:
+        raise MiaError(
+            f"the API key is given {len(given)} ways ({', '.join(given)}): give one, "
+            f"${API_KEY_ENV} or --api-key-file (--api-key is visible to other users in ps)"
+        )
+    if not file:
+        return os.environ.get(API_KEY_ENV, "") or flag
+    path = Path(file).expanduser()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise MiaError(f"--api-key-file {file}: no such file") from None
+    except UnicodeDecodeError:
+        raise MiaError(f"--api-key-file {file} is not UTF-8 text") from None
+    except OSError as e:
+        raise MiaError(f"--api-key-file {file} cannot be read: {e.strerror or e}") from None
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise MiaError(f"--api-key-file {file} is empty: its first line must be the key")
+    return key
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: CompletionsServer
     server_version = "mia-ray-serve"
+
+    def setup(self) -> None:
+        self.timeout = READ_TIMEOUT_S  # read per connection, so that a test can shorten it
+        super().setup()
 
     def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
         self._answer(self._get, has_body=False)
@@ -95,19 +159,22 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
     def _answer(self, route, has_body: bool) -> None:
+        unread = has_body
         try:
-            # Read the body before any answer: closing a socket with unread data resets the
-            # connection, and the client would see that instead of the error.
-            body = self._read_body() if has_body else b""
+            # The key first: a client without it must not hold a thread while it sends a body.
             self._check_key()
+            unread = False
+            body = self._read_body() if has_body else b""
             status, obj = 200, route(self.path.split("?", 1)[0].rstrip("/"), body)
         except ApiError as e:
             status, obj = e.status, _error(e.message, e.kind)
         except MiaError as e:
             status, obj = 400, _error(str(e), "invalid_request_error")
         except Exception as e:  # noqa: BLE001 - a server answers 500 and keeps serving
-            log.exception("request failed")
-            status, obj = 500, _error(f"internal error: {type(e).__name__}: {e}", "server_error")
+            log.exception("request failed")  # the traceback stays in the server's log
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            message = f"internal error: {type(e).__name__}" + (f": {first}" if first else "")
+            status, obj = 500, _error(f"{message} (details in the server's log)", "server_error")
         data = json.dumps(obj).encode("utf-8")
         try:
             self.send_response(status)
@@ -117,8 +184,23 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header("WWW-Authenticate", "Bearer")
             self.end_headers()
             self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (e.g. its timeout); nothing to tell it
+        except OSError:
+            return  # the client gave up (e.g. its timeout); nothing to tell it
+        if unread:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Read what has come of a refused request's body: closing a socket with unread data
+        resets the connection, and the client would see that instead of the answer."""
+        try:
+            left = min(int(self.headers.get("Content-Length", "0")), _MAX_BODY)
+            while left > 0:
+                chunk = self.rfile.read1(min(left, 1 << 16))
+                if not chunk:
+                    return
+                left -= len(chunk)
+        except (ValueError, OSError):
+            pass  # no more to wait for (READ_TIMEOUT_S at most)
 
     def _check_key(self) -> None:
         key = self.server.api_key
@@ -137,9 +219,23 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length", ""))
         except ValueError:
             raise ApiError(411, "the request needs a Content-Length header") from None
+        if length < 0:
+            raise ApiError(400, f"Content-Length must not be negative, not {length}")
         if length > _MAX_BODY:
             raise ApiError(413, f"request body over {_MAX_BODY} bytes")
-        return self.rfile.read(length)
+        try:
+            data = self.rfile.read(length)
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body stopped arriving: its Content-Length is {length} bytes and "
+                f"nothing came for {READ_TIMEOUT_S:g} s",
+            ) from None
+        if len(data) < length:
+            raise ApiError(
+                400, f"the request body is {len(data)} bytes, not its Content-Length {length}"
+            )
+        return data
 
     def _get(self, path: str, _body: bytes) -> dict[str, Any]:
         if path != "/v1/models":
@@ -161,7 +257,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "the request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
-        params = _parse(body, self.server.model_id)
+        params = _parse(body, self.server.model_id, self.server.source)
         with self.server.model_lock:
             if "sampling" in params:
                 return sampled(self.server.backend, self.server.model_id, **params)
@@ -172,12 +268,13 @@ def _error(message: str, kind: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind}}
 
 
-def _parse(body: dict[str, Any], model_id: str) -> dict[str, Any]:
-    """Validated ``complete`` arguments from a request body (400 for what is not supported)."""
+def _parse(body: dict[str, Any], model_id: str, source: str = "") -> dict[str, Any]:
+    """Validated ``complete`` arguments from a request body (400 for what is not supported);
+    the model may be named by its id or by the ``source`` it was loaded from."""
     model = body.get("model")
     if model is None:
         raise ApiError(400, "model is required")
-    if model != model_id:
+    if model not in (model_id, source):
         raise ApiError(404, f"model {model!r} is not served here (this server serves {model_id!r})")
     prompt = body.get("prompt")
     prompts = [prompt] if isinstance(prompt, str) else prompt
@@ -325,6 +422,14 @@ def sampled(backend: LocalHFBackend, model_id: str, prompts: list[str], sampling
     (OpenAI's order), drawn by :meth:`LocalHFBackend.sample` with ``seed``."""
     from mia_ray.backends.base import SampleRequest
 
+    limit = backend.max_length
+    if limit and max_tokens >= limit:
+        # The backend crops a prompt to fit; new tokens past the window it cannot give.
+        raise ApiError(
+            400,
+            f"max_tokens is {max_tokens}: the model's maximum length is {limit} tokens, so "
+            f"at most {limit - 1} can follow a prompt of one token",
+        )
     requests = [SampleRequest(p, n, max_tokens, seed) for p in prompts]
     texts = backend.sample(requests, sampling["temperature"], sampling["top_k"])
     choices = [
@@ -366,12 +471,10 @@ def _greedy(backend: LocalHFBackend, ids: list[int], max_new: int, top_n: int):
 
 
 def serve_in_thread(model: str, model_id: str = "", device: str = "auto", dtype: str = "auto"):
-    """Serve ``model`` (as ``model_id``, default its path) on a free loopback port from a
-    daemon thread of this process: ``(base_url, stop)``. What a job uses to reach a local
-    model through real HTTP, as it would reach a remote API."""
-    server = make_server(model, port=0, device=device, dtype=dtype)
-    if model_id:
-        server.model_id = model_id
+    """Serve ``model`` (as ``model_id``, see :func:`make_server`; requests may name it by its
+    path too) on a free loopback port from a daemon thread of this process: ``(base_url,
+    stop)``. What a job uses to reach a local model through real HTTP, as a remote API."""
+    server = make_server(model, port=0, device=device, dtype=dtype, model_id=model_id)
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
     )

@@ -29,7 +29,7 @@ The layer's contract, which every pipeline follows:
 When storage is ``--out`` and Ray runs on this machine only, every call here is a no-op and
 paths pass through unchanged. Credentials for object stores come from the environment
 (``AWS_*``, the instance role, ``GOOGLE_APPLICATION_CREDENTIALS``); a URI's own user info
-or query is never written to reports or logs (:func:`redact`).
+or query is never written to reports or logs (:func:`mia_ray.redact.redact`).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from typing import Any
 from mia_ray.errors import MiaError
 from mia_ray.keys import listing_sha256, tree_sha256
 from mia_ray.log import log as _log
+from mia_ray.redact import redact
 
 COMPLETE = ".complete.json"  # written last into a staged folder: the folder is whole
 _PROBE_DIR = ".mia-ray-probe"
@@ -56,18 +57,6 @@ _PROBE_DIR = ".mia-ray-probe"
 def is_uri(s: str) -> bool:
     """An object-store (or other non-local) URI: ``scheme://...``, ``file://`` excepted."""
     return "://" in str(s) and not str(s).startswith("file://")
-
-
-def redact(uri: str) -> str:
-    """``uri`` without user info or query (where a credential could hide), for logs."""
-    s = str(uri)
-    if not is_uri(s):
-        return s
-    scheme, rest = s.split("://", 1)
-    rest = rest.split("?", 1)[0]
-    host, _, path = rest.partition("/")
-    host = host.rsplit("@", 1)[-1]
-    return f"{scheme}://{host}/{path}" if path else f"{scheme}://{host}"
 
 
 class Storage:
@@ -220,13 +209,29 @@ def _authority(uri: str) -> str:
     return f"{scheme}://{rest.split('/', 1)[0]}" + (f"?{query}" if query else "")
 
 
+# pyarrow's GCS client retries a request for 15 minutes, also one that no credentials can
+# authorize: 10 s fails a bucket without credentials in ~25 s, as s3:// fails (~30 s); a
+# URI's own ?retry_limit_seconds= wins.
+GCS_RETRY_LIMIT_S = 10
+
+
+def with_retry_limit(uri: str) -> str:
+    """``uri`` with :data:`GCS_RETRY_LIMIT_S` as its retry limit when it is a GCS URI that
+    sets none."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme not in ("gs", "gcs") or "retry_limit_seconds=" in uri:
+        return uri
+    return uri + ("&" if "?" in uri else "?") + f"retry_limit_seconds={GCS_RETRY_LIMIT_S}"
+
+
 @lru_cache(maxsize=16)
 def _filesystem(authority: str):
     """One filesystem (one S3 client, its connections) per process and authority."""
     from pyarrow import fs
 
     # "mock://" (pyarrow's in-memory filesystem, for tests) has no host: give it a root.
-    return fs.FileSystem.from_uri(authority + "/" if authority.endswith("://") else authority)[0]
+    uri = with_retry_limit(authority + "/" if authority.endswith("://") else authority)
+    return fs.FileSystem.from_uri(uri)[0]
 
 
 def filesystem_of(uri: str):
@@ -391,7 +396,14 @@ class Workspace:
 
 # The driver's alone: a run's report files, its log and the run it set aside. Storage holds
 # work to resume, never a report that a new run's folder could mistake for its own.
-DRIVER_ONLY = ("report.json", "report.html", "config.yaml", "error.log", "previous")
+DRIVER_ONLY = (
+    "report.json",
+    "report.html",
+    "config.yaml",
+    "error.log",
+    "previous",
+    ".mia-ray.lock",
+)
 
 
 # Storage's alone: what workers write for storage to keep (the leakage scanners' parts,

@@ -148,6 +148,6 @@ def test_rerun_sets_the_last_report_aside_and_progress_ends_at_the_total(
     # No output of the finished run stays beside the failed run's config: the folder holds
     # one run (its stage folders are keyed caches, reused by key).
     top = {p.name for p in out.iterdir() if p.is_file()}
-    assert top <= {"config.yaml", "manifest.json", "error.log"}, top
+    assert top <= {"config.yaml", "manifest.json", "error.log", ".mia-ray.lock"}, top
     moved = {p.name for p in (out / "previous").iterdir()}
     assert {"snippet_scores.parquet", "document_scores.parquet", "manifest.json"} <= moved

@@ -149,8 +149,11 @@ def test_module_helpers_outside_a_run_change_nothing(tmp_path):
     storage.push(tmp_path)  # no run: nothing to do, no error
 
 
-def test_redact_drops_user_info_and_query():
-    assert redact("s3://AKIA:SECRET@bucket/p/q?secret_key=S&x=1") == "s3://bucket/p/q"
+def test_redact_masks_user_info_and_credential_parameters():
+    assert (
+        redact("s3://AKIA:SECRET@bucket/p/q?secret_key=S&x=1")
+        == "s3://***@bucket/p/q?secret_key=***&x=1"
+    )
     assert redact("/mnt/efs/runs") == "/mnt/efs/runs"
 
 

@@ -35,6 +35,7 @@ from mia_ray.backends.base import (
     no_token_error,
 )
 from mia_ray.errors import MiaError
+from mia_ray.redact import redact, split_userinfo
 
 KEY_ENV_VARS = ("MIA_RAY_API_KEY", "OPENAI_API_KEY")
 _FIELDS = ("tokens", "token_logprobs", "text_offset", "top_logprobs")
@@ -140,13 +141,18 @@ class OpenAICompletionsBackend(Backend):
         cache_scope: str = "",
     ):
         if not base_url.startswith(("http://", "https://")):
-            raise MiaError(f"base_url must start with http:// or https://, not {base_url!r}")
+            raise MiaError(
+                f"base_url must start with http:// or https://, not {redact(base_url)!r}"
+            )
         if max_retries < 1:
             raise MiaError(f"max_retries counts attempts and must be at least 1, not {max_retries}")
         if batch_size < 1:
             raise MiaError(f"batch_size must be at least 1, not {batch_size}")
         if timeout_s <= 0:
             raise MiaError(f"timeout_s must be positive, not {timeout_s}")
+        # http://user:KEY@host/v1: urllib would take "user:KEY@host" for the host; the key
+        # goes in the Authorization header instead, and the URL shown is the plain one.
+        base_url, user, password = split_userinfo(base_url)
         self.base_url = base_url.rstrip("/")
         # Cached answers belong to (scope, model, prompt); the scope defaults to the endpoint.
         self.cache_scope = cache_scope or self.base_url
@@ -154,6 +160,8 @@ class OpenAICompletionsBackend(Backend):
         self.model = model
         self.name = f"openai:{model}@{self.base_url}"
         self.key_source = "api_key" if api_key else ""
+        if not api_key and (password or user):
+            api_key, self.key_source = password or user, "base_url's user info"
         if not api_key:
             for var in KEY_ENV_VARS:
                 if os.environ.get(var):

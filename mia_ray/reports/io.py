@@ -18,6 +18,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from mia_ray.redact import scrub
+
 __all__ = ["read_json", "to_jsonable", "write_bytes", "write_json", "write_parquet", "write_text"]
 
 
@@ -46,8 +48,10 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 
 def write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
-    """Write ``text`` atomically, encoded as given; newlines are written as they are."""
-    return write_bytes(path, text.encode(encoding))
+    """Write ``text`` atomically, encoded as given; newlines are written as they are.
+    Credentials are masked (:func:`mia_ray.redact.scrub`): reports, configs and markers are
+    read by people the credentials are not for."""
+    return write_bytes(path, scrub(text).encode(encoding))
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -132,6 +132,21 @@ def test_request_body_and_result(stub):
     assert s.auth == [None]
 
 
+def test_a_key_in_the_urls_user_info_is_sent_as_the_bearer_key(stub):
+    s = stub()
+    key = "sk-fromtheurl0123456789"
+    b = _backend(s.url.replace("http://", f"http://user:{key}@"))
+    assert b.base_url == s.url and key not in b.name  # the host parsed right, shown plain
+    assert b.key_source == "base_url's user info"
+    b.loglikelihood([REQ])
+    assert s.auth == [f"Bearer {key}"]
+    # an explicit key wins over the URL's
+    _backend(s.url.replace("http://", "http://u:other@"), api_key="given").loglikelihood(
+        [LoglikRequest("q", "r")]
+    )
+    assert s.auth[-1] == "Bearer given"
+
+
 def test_two_500s_then_success_takes_three_requests(stub):
     s = stub([(500, "boom", {}), (503, "busy", {})])
     b = _backend(s.url)

@@ -1,8 +1,13 @@
 """`mia-ray serve` over real loopback HTTP, and the API backend against it."""
 
 import json
+import shutil
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +17,7 @@ from mia_ray.backends import LoglikRequest
 from mia_ray.backends.openai_api import OpenAICompletionsBackend
 from mia_ray.cli import main
 from mia_ray.errors import MiaError
+from mia_ray.serve import make_server
 
 REQUESTS = [
     LoglikRequest("The k", "ing said unto them"),
@@ -56,7 +62,29 @@ def test_models(served, tiny):
     status, obj = _call(served, "/models")
     assert status == 200
     assert obj["object"] == "list"
-    assert [(m["id"], m["object"]) for m in obj["data"]] == [(tiny, "model")]
+    # The folder's base name: where the weights lie is none of a client's business.
+    assert [(m["id"], m["object"]) for m in obj["data"]] == [(Path(tiny).name, "model")]
+    assert str(Path(tiny).parent) not in json.dumps(obj)
+
+
+def test_a_request_names_the_model_by_id_or_by_its_path(served, tiny):
+    for name in (Path(tiny).name, tiny):
+        status, obj = _call(served, "/completions", {"model": name, "prompt": "x", "max_tokens": 1})
+        assert (status, obj["model"]) == (200, Path(tiny).name)
+
+
+def test_served_model_name(tiny):
+    server = make_server(tiny, port=0, device="cpu", model_id="audit-target")
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        assert _call(server, "/models")[1]["data"][0]["id"] == "audit-target"
+        status, obj = _call(server, "/completions", {"model": "audit-target", "prompt": "x"})
+        assert (status, obj["model"]) == (200, "audit-target")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
 
 
 def test_api_key_is_required_when_set(served_with_key, tiny):
@@ -127,7 +155,7 @@ def test_sampling_requests_it_cannot_answer(served, tiny, body, message):
         (
             {"model": "gpt-x"},
             404,
-            "model 'gpt-x' is not served here (this server serves '{tiny}')",
+            "model 'gpt-x' is not served here (this server serves '{name}')",
         ),
         ({"prompt": [1, 2]}, 400, "prompt must be a string or a non-empty list of strings"),
         ({"logprobs": 99}, 400, "logprobs must be an integer from 0 to 20, not 99"),
@@ -146,7 +174,12 @@ def test_bad_requests(served, tiny, change, status, message):
     body = {k: v for k, v in body.items() if v is not None}
     assert _call(served, "/completions", body) == (
         status,
-        {"error": {"message": message.format(tiny=tiny), "type": "invalid_request_error"}},
+        {
+            "error": {
+                "message": message.format(name=Path(tiny).name),
+                "type": "invalid_request_error",
+            }
+        },
     )
 
 
@@ -170,7 +203,7 @@ def test_greedy_generation_equals_the_local_model(served, local, tiny):
     )
     assert status == 200
     assert obj["object"] == "text_completion"
-    assert obj["model"] == tiny
+    assert obj["model"] == Path(tiny).name
     tok = local.tokenizer
     n_prompt = 0
     for choice, prompt in zip(obj["choices"], prompts, strict=True):
@@ -227,8 +260,8 @@ def test_cli_serve_bad_model(capsys):
     assert main(["serve", "--model", "/nonexistent"]) == 2
     err = capsys.readouterr().err
     assert err == (
-        "mia-ray: error: model '/nonexistent' does not load: no such local folder, and it is "
-        "not a hub name\n"
+        "mia-ray: error: --model: model '/nonexistent' does not load: no such local folder, "
+        "and it is not a hub name\n"
     )
 
 
@@ -237,6 +270,7 @@ def test_cli_serve_stops_on_ctrl_c(capsys, monkeypatch):
 
     class Server:
         base_url = "http://127.0.0.1:1/v1"
+        model_id = "m"
 
         def serve_forever(self):
             raise KeyboardInterrupt
@@ -244,9 +278,154 @@ def test_cli_serve_stops_on_ctrl_c(capsys, monkeypatch):
         def server_close(self):
             closed.append(True)
 
-    monkeypatch.setattr("mia_ray.serve.make_server", lambda *a: Server())
+    monkeypatch.setattr("mia_ray.serve.make_server", lambda *a, **k: Server())
+    monkeypatch.setattr("mia_ray.pipelines.common.check_model_early", lambda *a: None)
     assert main(["serve", "--model", "m", "--port", "0"]) == 0
     assert closed == [True]
     assert capsys.readouterr().err == (
-        "mia-ray serve: m at http://127.0.0.1:1/v1 (Ctrl-C stops)\nmia-ray serve: stopped\n"
+        "mia-ray serve: m as 'm' at http://127.0.0.1:1/v1 (Ctrl-C stops)\nmia-ray serve: stopped\n"
+    )
+
+
+def _raw(server, head: str, body: bytes) -> tuple[int, dict, float]:
+    """Send ``head`` (request line and headers) and ``body`` as they are on a raw socket:
+    ``(status, JSON answer, seconds until it came)``; the client gives up after 10 s."""
+    t0 = time.monotonic()
+    with socket.create_connection(server.server_address[:2], timeout=10) as s:
+        s.sendall(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += s.recv(65536)
+        top, rest = got.split(b"\r\n\r\n", 1)
+        length = int(top.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        while len(rest) < length:
+            rest += s.recv(65536)
+    return int(top.split()[1]), json.loads(rest), time.monotonic() - t0
+
+
+def _post_head(served, length: int, key: str = "") -> str:
+    auth = f"Authorization: Bearer {key}\n" if key else ""
+    host, port = served.server_address[:2]
+    return f"POST /v1/completions HTTP/1.1\nHost: {host}:{port}\n{auth}Content-Length: {length}\n"
+
+
+def test_a_body_that_stops_arriving_gets_408_in_seconds(served, monkeypatch):
+    monkeypatch.setattr("mia_ray.serve.READ_TIMEOUT_S", 0.5, raising=False)
+    status, obj, took = _raw(served, _post_head(served, 100), b'{"')
+    assert (status, obj) == (408, {"error": {
+        "message": "the request body stopped arriving: its Content-Length is 100 bytes and "
+        "nothing came for 0.5 s", "type": "invalid_request_error"}})  # fmt: skip
+    assert took < 5
+
+
+def test_the_key_is_checked_before_the_body_is_read(served_with_key, monkeypatch):
+    monkeypatch.setattr("mia_ray.serve.READ_TIMEOUT_S", 30.0, raising=False)
+    for key in ("", "wrong"):
+        status, obj, took = _raw(served_with_key, _post_head(served_with_key, 100, key), b'{"')
+        assert (status, obj["error"]["type"]) == (401, "authentication_error")
+        assert took < 5  # at once, not after the body's 30 s
+
+
+def test_sampling_past_the_models_window_is_a_400(served, tiny):
+    body = {"model": tiny, "prompt": "To be", "temperature": 1.0, "max_tokens": 100000}
+    assert _call(served, "/completions", body) == (400, {"error": {
+        "message": "max_tokens is 100000: the model's maximum length is 128 tokens, so at most "
+        "127 can follow a prompt of one token", "type": "invalid_request_error"}})  # fmt: skip
+
+
+def test_an_unexpected_failure_is_one_line_and_its_traceback_stays_in_the_log(
+    served, tiny, monkeypatch, caplog
+):
+    def fail(*args, **kwargs):
+        raise RuntimeError("boom\n  File 'x.py', line 1\nmore")
+
+    monkeypatch.setattr("mia_ray.serve.sampled", fail)
+    body = {"model": tiny, "prompt": "To be", "temperature": 1.0}
+    with caplog.at_level("ERROR", logger="mia_ray.serve"):
+        assert _call(served, "/completions", body) == (500, {"error": {
+            "message": "internal error: RuntimeError: boom (details in the server's log)",
+            "type": "server_error"}})  # fmt: skip
+    assert "Traceback" in caplog.text and "line 1" in caplog.text
+
+
+def _cli_server(monkeypatch) -> dict:
+    """Stand in for ``make_server``: what ``mia-ray serve`` passed to it."""
+    got: dict = {}
+
+    class Server:
+        base_url = "http://127.0.0.1:1/v1"
+        model_id = "m"
+
+        def serve_forever(self):
+            raise KeyboardInterrupt
+
+        def server_close(self):
+            pass
+
+    def make(model, host, port, api_key, device, model_id=""):
+        got.update(api_key=api_key, model_id=model_id)
+        return Server()
+
+    monkeypatch.setattr("mia_ray.serve.make_server", make)
+    monkeypatch.setattr("mia_ray.pipelines.common.check_model_early", lambda *a: None)
+    monkeypatch.delenv("MIA_RAY_API_KEY", raising=False)
+    return got
+
+
+def test_cli_serve_takes_its_key_from_the_environment_or_a_file(tmp_path, monkeypatch, capsys):
+    got = _cli_server(monkeypatch)
+    keyfile = tmp_path / "key"
+    keyfile.write_text("  k-from-file  \nsecond line\n")
+    assert main(["serve", "--model", "m", "--api-key-file", str(keyfile)]) == 0
+    assert got["api_key"] == "k-from-file"
+    assert main(["serve", "--model", "m", "--api-key", "k-flag"]) == 0
+    assert got["api_key"] == "k-flag"  # still works, for compatibility
+    monkeypatch.setenv("MIA_RAY_API_KEY", "k-env")
+    assert main(["serve", "--model", "m", "--served-model-name", "target"]) == 0
+    assert got == {"api_key": "k-env", "model_id": "target"}
+    assert "k-" not in capsys.readouterr().err  # no key is ever printed
+
+
+@pytest.mark.parametrize(
+    "content, args, message",
+    [
+        (None, ["--api-key-file", "{tmp}/none"], "--api-key-file {tmp}/none: no such file"),
+        ("\n\n", ["--api-key-file", "{tmp}/key"],
+         "--api-key-file {tmp}/key is empty: its first line must be the key"),
+        ("k-file", ["--api-key-file", "{tmp}/key", "--api-key", "k-flag"],
+         "the API key is given 3 ways ($MIA_RAY_API_KEY, --api-key-file, --api-key): give one, "
+         "$MIA_RAY_API_KEY or --api-key-file (--api-key is visible to other users in ps)"),
+    ],
+)  # fmt: skip
+def test_cli_serve_bad_key_sources(tmp_path, monkeypatch, capsys, content, args, message):
+    _cli_server(monkeypatch)
+    if content is not None:
+        (tmp_path / "key").write_text(content)
+    if "--api-key" in args:
+        monkeypatch.setenv("MIA_RAY_API_KEY", "k-env")
+    assert main(["serve", "--model", "m", *(a.format(tmp=tmp_path) for a in args)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"mia-ray: error: {message.format(tmp=tmp_path)}\n"
+    assert "k-" not in err
+
+
+def test_cli_serve_refuses_a_tokenizer_past_the_embeddings(tiny, tmp_path, monkeypatch, capsys):
+    from transformers import AutoConfig, AutoTokenizer
+
+    def started(*args, **kwargs):
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr("mia_ray.serve.make_server", started)
+    model = tmp_path / "model"
+    shutil.copytree(tiny, model)
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = AutoConfig.from_pretrained(model).vocab_size
+    tok.add_tokens([f"<extra-{i}>" for i in range(rows - len(tok) + 3)])
+    tok.save_pretrained(model)
+    assert main(["serve", "--model", str(model)]) == 2
+    assert capsys.readouterr().err == (
+        f"mia-ray: error: --model: {str(model)!r} has a tokenizer of {rows + 3} tokens but an "
+        f"embedding matrix of {rows} rows, so token ids {rows}..{rows + 2} cannot be scored; "
+        "give the tokenizer the model was trained with, or resize the model's embeddings "
+        "(model.resize_token_embeddings(len(tokenizer))) and save it\n"
     )
