@@ -37,6 +37,26 @@ class JobConfig:
     def check(self) -> None:
         """Checks across sections (none by default)."""
 
+    def input_paths(self) -> dict[str, str]:
+        """The inputs the job reads, by config key (``data.path`` and ``data.labels`` by
+        default): :func:`check_inputs_exist` looks for the local ones before Ray starts."""
+        data = getattr(self, "data", None)
+        return {"data.path": data.path, "data.labels": data.labels} if data else {}
+
+
+def check_inputs_exist(paths: dict[str, str]) -> None:
+    """Fail at once, naming the key, when a local input path does not exist. Object storage,
+    hub datasets and globs are listed where they are read (they need credentials or Ray)."""
+    for key, path in paths.items():
+        text = str(path or "")
+        if text.startswith("file://"):
+            text = text[len("file://") :]
+        if not text or "://" in text or set("*?[") & set(text):
+            continue
+        if not Path(text).expanduser().exists():
+            what = "labels manifest" if key.endswith("labels") else "data path"
+            raise MiaError(f"{what} not found: {path} ({key})")
+
 
 @dataclass
 class DataConfig:

@@ -66,8 +66,16 @@ def listing_sha256(entries: Iterable[tuple[str, str]]) -> str:
 
 def visible_files(root: Path) -> Iterator[tuple[str, Path]]:
     """Every regular file under ``root`` in a stable order, hidden files and folders left
-    out; yields ``(relative posix path, full path)``."""
-    for dirpath, dirnames, filenames in os.walk(root):
+    out; yields ``(relative posix path, full path)``. A subfolder that is a symlink is
+    followed (a corpus assembled from links is common); one that leads back to a folder
+    already walked is not, so a link loop ends."""
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             full = Path(dirpath) / name

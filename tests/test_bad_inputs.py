@@ -37,6 +37,8 @@ class Bad:
     setup: Callable[[Path, Path], None] | None = None  # (row's temp folder, tiny model)
     check: Callable[[Path], None] | None = None
     env: tuple[tuple[str, str], ...] = ()
+    # secrets that must appear in no output: stderr, stdout, any file the run left in --out
+    hidden: tuple[str, ...] = ()
 
 
 def _sets(*pairs: str) -> tuple[str, ...]:
@@ -132,6 +134,68 @@ def _old_report_set_aside(out: Path) -> None:
     # The old run's outputs go with its report: the folder never mixes two runs.
     assert not (out / "snippet_scores.parquet").exists()
     assert (out / "previous" / "snippet_scores.parquet").read_bytes() == b"the old run's rows"
+
+
+# Credentials a user may paste into a path or URL: none may reach any output.
+KEY_ID, SECRET, API_KEY = "AKIDEXAMPLE77", "wJalrXUtnFEMIK7MDENG", "sk-test0123456789abcdefXYZ"
+AUDIT = ("audit", "--model", "{model}", "--unseen", "{docs}",
+         *_sets("data.snippet_size=32", "model.max_length=64", "audit.attacks=[loss]",
+                "resources.cpus_per_actor=0.5"))  # fmt: skip
+_held: list = []  # a lock this test process holds for a row, released by its check
+
+
+def _run_holding_the_folder(tmp: Path, model: Path) -> None:
+    """Another run holds --out: its lock is taken on another open file, as a second process
+    would, and says who holds it."""
+    import fcntl
+
+    (tmp / "out").mkdir()
+    f = open(tmp / "out" / ".mia-ray.lock", "a+")  # noqa: SIM115 - held until the check
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    f.write("pid 4242, started 2026-12-06 17:00:00\n")
+    f.flush()
+    _held.append(f)
+
+
+def _folder_untouched_then_released(out: Path) -> None:
+    assert sorted(p.name for p in out.iterdir()) == [".mia-ray.lock"]  # no config.yaml
+    _held.pop().close()
+
+
+def _cut(
+    name: str, compress: Callable[[bytes], bytes], n: int = 30
+) -> Callable[[Path, Path], None]:
+    """--suspected as one compressed .jsonl whose last bytes are missing (a copy that broke
+    off): ``n`` records, the stream cut 20 bytes before its end. 30 records break off in the
+    driver's look at the first record; 60,000 (20 MB) past it, in a read task."""
+
+    def setup(tmp: Path, model: Path) -> None:
+        recs = "".join(json.dumps({"id": f"s{i}", "text": f"suspected text {i} " * 16}) + "\n"
+                       for i in range(n))  # fmt: skip
+        (tmp / name).write_bytes(compress(recs.encode())[:-20])
+
+    return setup
+
+
+def _gzip(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data)
+
+
+def _zstd(data: bytes) -> bytes:
+    import pyarrow as pa
+
+    return pa.Codec("zstd").compress(data, asbytes=True)
+
+
+def _no_secret_left(out: Path) -> None:
+    """Every file of the run folder (config.yaml above all) is free of the credentials."""
+    for path in out.rglob("*") if out.exists() else ():
+        if path.is_file():
+            text = path.read_bytes().decode("utf-8", "replace")
+            for secret in (KEY_ID, SECRET, API_KEY):
+                assert secret not in text, (path, secret)
 
 
 ROWS = [
@@ -231,6 +295,58 @@ ROWS = [
     # ---- a rerun that fails leaves no report of another config beside its config.yaml
     Bad("failed rerun over an old report", OWN, "document doc1.txt looks binary", ray=True,
         setup=_old_report_and_binary_doc, check=_old_report_set_aside),
+    # ---- round 4: secrets, one run per folder, bad files named, tests that can reject
+    Bad("credentials in an s3 path", (*AUDIT, "--suspected",
+        f"s3://{KEY_ID}:{SECRET}@bucket/docs/?endpoint_override=127.0.0.1:9&bogus=1"),
+        "--suspected (s3://***@bucket/docs/?endpoint_override=127.0.0.1:9&bogus=1): cannot "
+        "read s3://***@bucket/docs/", ray=True, hidden=(KEY_ID, SECRET), check=_no_secret_left),
+    Bad("credentials in an s3 query", (*AUDIT, "--suspected",
+        f"s3://bucket/docs/?access_key={KEY_ID}&secret_key={SECRET}&bogus=1"),
+        "cannot read s3://bucket/docs/?access_key=***&secret_key=***&bogus=1", ray=True,
+        hidden=(KEY_ID, SECRET), check=_no_secret_left),
+    Bad("an API key in base_url's user info", (*OWN, *_sets(
+        "attack.attacks=[loss,samia]", "attack.samia.samples=2", "attack.samia.max_tokens=4",
+        "attack.samia.backend.kind=openai", "attack.samia.backend.max_retries=1",
+        f"attack.samia.backend.base_url=http://user:{API_KEY}@127.0.0.1:9/v1")),
+        # parsed right: the host is 127.0.0.1 (refused), not a DNS name with the key in it
+        "POST http://127.0.0.1:9/v1/completions failed after 1 attempts: could not reach the "
+        "server", ray=True, error_log=True, hidden=(API_KEY,), check=_no_secret_left),
+    Bad("a second run into a folder in use", OWN,
+        "is in use by another mia-ray run (pid 4242, started 2026-12-06 17:00:00); wait for it "
+        "to end or give another --out", setup=_run_holding_the_folder,
+        check=_folder_untouched_then_released),
+    Bad("permutations that can never reject", (*AUDIT, "--suspected", "{docs}",
+        *_sets("audit.permutations=1")),
+        "audit.permutations = 1 cannot reject at level 0.05: the smallest p-value it can give "
+        "is 1/(1 + 1) = 0.5; give at least 19"),
+    Bad("permutations at a stricter level", (*AUDIT, "--suspected", "{docs}",
+        *_sets("audit.permutations=50", "audit.alpha=0.01")),
+        "audit.permutations = 50 cannot reject at level 0.01: the smallest p-value it can give "
+        "is 1/(50 + 1) = 0.0196; give at least 99"),
+    Bad("ten million permutations", (*AUDIT, "--suspected", "{docs}",
+        *_sets("audit.permutations=10000000")),
+        "audit.permutations = 10000000 is more than 100000"),
+    Bad("dc_pdd corpus missing", (*OWN, *_sets("attack.attacks=[loss,dc_pdd]",
+        "attack.dc_pdd.corpus={tmp}/no-corpus.jsonl")),
+        "data path not found: {tmp}/no-corpus.jsonl (attack.dc_pdd.corpus)"),
+    Bad("audit input missing", (*AUDIT, "--suspected", "{tmp}/absent"),
+        "data path not found: {tmp}/absent (audit.suspected)"),
+    Bad("samia samples longer than the window", (*OWN, *_sets(
+        "attack.attacks=[loss,samia]", "attack.samia.max_tokens=400", "model.max_length=512")),
+        "attack.samia.max_tokens = 400 does not fit the target's window of 128 tokens", ray=True),
+    Bad("truncated .jsonl.gz", (*AUDIT, "--suspected", "{tmp}/sus.jsonl.gz"),
+        "file sus.jsonl.gz cannot be read to its end (a truncated or corrupt gzip file?)",
+        ray=True, setup=_cut("sus.jsonl.gz", _gzip)),
+    Bad("truncated .jsonl.zst", (*AUDIT, "--suspected", "{tmp}/sus.jsonl.zst"),
+        "file sus.jsonl.zst cannot be read to its end (a truncated or corrupt zstd file?)",
+        ray=True, setup=_cut("sus.jsonl.zst", _zstd)),
+    Bad("a tab in a file name", OWN,
+        "file name 'doc\\t12.txt' (in {docs}) holds a tab, which Ray Data's path handling drops, "
+        "so the file could not be found: rename it", ray=True,
+        setup=lambda t, m: (t / "docs" / "doc\t12.txt").write_text("a document " * 30)),
+    Bad(".jsonl.gz truncated past its first 8 MB", (*AUDIT, "--suspected", "{tmp}/sus.jsonl.gz"),
+        "file sus.jsonl.gz cannot be read to its end (a truncated or corrupt gzip file?)",
+        ray=True, setup=_cut("sus.jsonl.gz", _gzip, 60_000)),
 ]  # fmt: skip
 
 
@@ -282,8 +398,11 @@ def test_bad_input(row: Bad, model, tmp_path, capsys, monkeypatch):
 
     code = main(argv)
 
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert code == row.code, err
+    for secret in row.hidden:
+        assert secret not in err + captured.out, secret
     head = "mia-ray: error: " if row.code == 2 else "mia-ray: failed: "
     lines = [
         line for line in err.splitlines() if line.startswith(("mia-ray: error", "mia-ray: failed"))

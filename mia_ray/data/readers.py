@@ -304,16 +304,19 @@ def _jsonl_fields(
     first_keys: list[str] | None = None
     for rel in source.rels:
         with source.open(rel) as f:
-            for lineno, raw in _iter_lines(f):
-                if raw.strip():
-                    rec = _parse_json_line(raw.rstrip(b"\r"), lineno, rel)
-                    if isinstance(rec, str):
-                        raise MiaError(rec)
-                    if text not in rec:
-                        raise MiaError(_missing_field(text, f"line {lineno} of {rel}", rec.keys()))
-                    if first_keys is None:
-                        first_keys = list(rec)
-                    break
+            try:
+                first = next(((n, raw) for n, raw in _iter_lines(f) if raw.strip()), None)
+            except UNREADABLE as e:
+                raise MiaError(cut_short(rel, e)) from None
+            if first is not None:
+                lineno, raw = first
+                rec = _parse_json_line(raw.rstrip(b"\r"), lineno, rel)
+                if isinstance(rec, str):
+                    raise MiaError(rec)
+                if text not in rec:
+                    raise MiaError(_missing_field(text, f"line {lineno} of {rel}", rec.keys()))
+                if first_keys is None:
+                    first_keys = list(rec)
     if first_keys is None:
         where = source.path if len(source.rels) > 1 else f"{source.base}/{source.rels[0]}"
         raise MiaError(f"no documents in {where}: the .jsonl files are empty")
@@ -775,6 +778,37 @@ def _file_rows(f, path: str, spec: _FileSpec):
             yield _normalize_parquet(table, spec.base, spec.fields)
 
 
+def _whole_file_rows(f, path: str, spec: _FileSpec):
+    """:func:`_file_rows`, and a row with the file's problem when its bytes break off or do
+    not decompress (a truncated ``.gz`` or ``.zst``, a corrupt WARC): the rows read before
+    it stand, and the problem names the file (and its shard) for the driver to raise."""
+    try:
+        yield from _file_rows(f, path, spec)
+    except UNREADABLE as e:
+        name = Path(os.path.relpath(path, spec.base)).as_posix() if spec.base else path
+        shard = f" of shard {spec.shard}" if spec.shard and spec.shard != Path(name).name else ""
+        has = {"warc": (False, True), "text": (False, False)}.get(
+            spec.fmt, (spec.fields.has_label, spec.fields.has_date)
+        )
+        rows = _Rows(*has, spec.fields.has_group and spec.fmt != "text")
+        rows.fail(cut_short(f"{name}{shard}", e))
+        yield rows.table()
+
+
+# What a file's bytes raise when they break off or do not decompress: pyarrow's codecs raise
+# OSError ("Truncated compressed stream") or ArrowInvalid (a ValueError).
+UNREADABLE = (OSError, EOFError, ValueError)
+
+
+def cut_short(name: str, e: BaseException) -> str:
+    """The one message for a file that cannot be read to its end."""
+    from mia_ray.data.sources import compression_of
+
+    codec = compression_of(name.split(" of shard ")[0])
+    what = f"a truncated or corrupt {codec} file" if codec else "a truncated or corrupt file"
+    return f"file {name} cannot be read to its end ({what}?): {_first_line(e)}"
+
+
 def _parquet_ids(pf, name: str, spec: _FileSpec):
     """The ids of a Parquet file, row group by row group, as ``doc_id`` and ``_error`` (a
     missing id), without reading any other column."""
@@ -859,7 +893,7 @@ def _files_datasource(specs: dict[str, _FileSpec], filesystem):
 
             def _read_stream(self, f, path: str):
                 spec = self._specs[path.split("://", 1)[-1]]
-                for table in _file_rows(f, path, spec):
+                for table in _whole_file_rows(f, path, spec):
                     yield _scan_columns(table, spec) if spec.shard else table
 
         _FILES_CLASS = FilesDatasource

@@ -213,7 +213,8 @@ def _remote_failure(uri: str, e: BaseException) -> str:
     if "bucket" in low and ("not found" in low or "nosuchbucket" in low or "does not exist" in low):
         return f"data path not found: {uri} (no such bucket: {first})"
     if any(w in low for w in ("credential", "access denied", "access_denied", "forbidden",
-                              "signature", "invalidaccesskeyid", "403")):  # fmt: skip
+                              "signature", "invalidaccesskeyid", "403", "oauth2",
+                              "authenticat")):  # fmt: skip
         return (
             f"cannot read {uri}: the storage refused this machine's credentials ({first}); "
             "for S3 set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE, for GCS "
@@ -242,10 +243,22 @@ def _matching(files: list[tuple[str, int]], pattern: str, shown: str) -> list[tu
     return chosen
 
 
+# Ray Data's path handling parses paths as URLs, and URL parsing drops these characters
+# (WHATWG; Python's urlsplit): "doc\t3.txt" would be looked for as "doc3.txt".
+_DROPPED = {"\t": "a tab", "\r": "a carriage return", "\n": "a newline"}
+
+
 def _choose(
     text: str, format: str, base: str, files: list[tuple[str, int]], filesystem, single: bool,
     remote: bool,
 ) -> Source:  # fmt: skip
+    for rel, _ in files:
+        bad = next((name for c, name in _DROPPED.items() if c in rel), "")
+        if bad:
+            raise MiaError(
+                f"file name {rel!r} (in {text}) holds {bad}, which Ray Data's path handling "
+                "drops, so the file could not be found: rename it"
+            )
     if single:
         fmt = format
         if fmt == "auto":

@@ -37,6 +37,7 @@ Pure numpy/scipy/sklearn: no model, no Ray.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -44,10 +45,13 @@ from fractions import Fraction
 import numpy as np
 
 from mia_ray.errors import MiaError
+from mia_ray.log import log
 from mia_ray.stats.audit import cohens_d
 
 MIN_GROUPS_PER_SIDE = 4  # two per half: a held-out AUC and a fit need each side in each half
 CHUNK = 256  # permutations fitted together (bounded memory: CHUNK x n_files x d^2 floats)
+MAX_PERMUTATIONS = 100_000
+PROGRESS_EVERY_S = 10.0
 
 
 # ---------------------------------------------------------------- label-free matrices
@@ -322,19 +326,50 @@ def cross_fit(design: Design) -> list[Round]:
     return _statistics(design, design.side[None, :], keep_rounds=True)[1]
 
 
+def check_permutations(key: str, permutations: int, alpha: float) -> None:
+    """A permutation count that can reject at ``alpha`` and ends in reasonable time: p is at
+    least 1 / (permutations + 1), so fewer than 1/alpha - 1 could never reject and would read
+    as a clearance; more than :data:`MAX_PERMUTATIONS` buys no precision worth the wait."""
+    least = max(1, math.ceil(1.0 / alpha - 1.0 - 1e-9))
+    if permutations < least:
+        raise MiaError(
+            f"{key} = {permutations} cannot reject at level {alpha:g}: the smallest p-value it "
+            f"can give is 1/({permutations} + 1) = {1 / (permutations + 1):.3g}; give at least "
+            f"{least} (the default 1999 gives p down to 0.0005)"
+        )
+    if permutations > MAX_PERMUTATIONS:
+        raise MiaError(
+            f"{key} = {permutations} is more than {MAX_PERMUTATIONS}: each one refits the "
+            "cross-fit, and at 99,999 the Monte Carlo error of a p-value near 0.05 is already "
+            "±0.0007"
+        )
+
+
 def permutation_test(design: Design, permutations: int, seed: int, alpha: float) -> dict:
     """The cross-fit's statistic for the observed sides against ``permutations`` random
     permutations of the groups' sides (seeded): ``{statistic, p_value, mc_error, permutations,
     null_mean, null_sd, reject, alpha}``. ``mc_error`` is the Monte Carlo standard error of p
-    as an estimate of the exact permutation p-value; p itself is exactly valid."""
+    as an estimate of the exact permutation p-value; p itself is exactly valid. Permutations
+    are drawn and fitted :data:`CHUNK` at a time (memory stays bounded), and a test that
+    takes longer than a few seconds logs its progress and the time left."""
     if permutations < 1:
         raise MiaError(f"the permutation test needs at least 1 permutation, not {permutations}")
     rng = np.random.default_rng([0x9E57, int(seed)])
-    perms = np.array([rng.permutation(design.side) for _ in range(permutations)])
-    rows = np.vstack([design.side[None, :], perms])
-    T = np.concatenate(
-        [_statistics(design, rows[i : i + CHUNK])[0] for i in range(0, len(rows), CHUNK)]
-    )
+    rows = [design.side]  # the observed sides first, then the permutations, in chunks
+    T, done = [], 0
+    start = last = time.monotonic()
+    while done < permutations:
+        take = min(CHUNK - len(rows), permutations - done)
+        rows += [rng.permutation(design.side) for _ in range(take)]
+        T.append(_statistics(design, np.array(rows))[0])
+        done, rows = done + take, []
+        now = time.monotonic()
+        if now - last > PROGRESS_EVERY_S and done < permutations:
+            left = (now - start) / done * (permutations - done)
+            log(f"permutation test: {done:,} of {permutations:,} permutations, about "
+                f"{left:.0f} s left")  # fmt: skip
+            last = now
+    T = np.concatenate(T)
     t_obs, t_perm = T[0], T[1:]
     # A permutation at least as extreme counts against; equal up to rounding is equal.
     n_ge = int((t_perm >= t_obs - 1e-12).sum())

@@ -40,10 +40,11 @@ def resolve_world(cfg):
 
 def check_model_early(
     name: str, what: str, revision: str = "", trust_remote_code: bool = False, gguf_file: str = ""
-) -> None:
-    """Fail before any scoring if a model's config or tokenizer cannot load (cheap: no weights)."""
+) -> int:
+    """Fail before any scoring if a model's config or tokenizer cannot load (cheap: no weights);
+    return the model's window in tokens as its config states it (0: unknown)."""
     if not name:
-        return
+        return 0
     from transformers import AutoConfig
 
     from mia_ray.models.hf import describe_load_failure, load_tokenizer
@@ -76,6 +77,8 @@ def check_model_early(
         problem = _safetensors_problem(path)
         if problem:
             raise MiaError(f"{what}: weights file {path.name} of {name!r} {problem}")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(getattr(text, "max_position_embeddings", 0) or getattr(text, "n_positions", 0) or 0)
 
 
 def embedding_rows(config) -> int:
@@ -108,15 +111,28 @@ def _safetensors_problem(path: Path) -> str:
     return ""
 
 
-def check_target_early(model_cfg) -> None:
-    """:func:`check_model_early` for the target model of a job's ``model`` section."""
-    check_model_early(
+def check_target_early(model_cfg, attack=None, section: str = "attack") -> None:
+    """:func:`check_model_early` for the target model of a job's ``model`` section; with the
+    job's ``attack`` config, also that SaMIA's samples fit the window the target reads."""
+    window = check_model_early(
         model_cfg.name_or_path,
         "model.name_or_path",
         model_cfg.revision,
         model_cfg.trust_remote_code,
         model_cfg.gguf_file,
     )
+    if attack is None or "samia" not in attack.attacks or attack.samia.backend.kind != "local":
+        return
+    # The local backend keeps the prompt's last max_length - max_tokens tokens: a sample of
+    # max_tokens or more leaves no prompt, and one past the positions cannot be generated.
+    window = min(n for n in (window, model_cfg.max_length) if n) if window else model_cfg.max_length
+    n = attack.samia.max_tokens
+    if n >= window:
+        raise MiaError(
+            f"{section}.samia.max_tokens = {n} does not fit the target's window of {window} "
+            f"tokens (model.max_length or the model's positions), which must hold the prompt "
+            f"too: give at most {window - 1}, or 0 (as many tokens as each true continuation)"
+        )
 
 
 def labelled_documents(data_cfg):

@@ -242,9 +242,12 @@ def test_too_few_unseen_files_for_any_verdict_is_an_error(
     _fails(
         capsys,
         [*_base(audit_inputs, tmp_path), "--unseen", str(uns)],
-        "--unseen has 10 file(s): a suspected file is ranked against at most 5 of them (those in "
-        "its cross-fitting half), so its p-value is at least 1/6 = 0.167 > audit.fdr = 0.05 and "
-        "no file could ever be flagged; give at least 37 unseen files (or raise audit.fdr)",
+        # The one minimum counts the 4 files ReCaLL's prefix holds out (default features).
+        "--unseen has 10 file(s), 4 of them held out for ReCaLL's prefix: a suspected file is "
+        "ranked against at most 3 of them (those in its cross-fitting half), so its p-value is "
+        "at least 1/4 = 0.250 > audit.fdr = 0.05 and no file could ever be flagged; give at "
+        "least 41 unseen files (4 of them for ReCaLL's prefix, held out of the audit) (or raise "
+        "audit.fdr)",
     )
     assert not (tmp_path / "out" / "rows").exists()  # stopped before any scoring
 
@@ -263,9 +266,24 @@ def test_check_counts_messages_and_what_the_calibration_allows():
     assert check_counts(cfg, 10, 37)["min_p_value"] == 1 / 20
     with pytest.raises(MiaError, match="at most 18 of them"):
         check_counts(cfg, 10, 36)
+    # ReCaLL's held-out files are part of the one minimum, in every message.
+    with pytest.raises(
+        MiaError,
+        match=r"has 40 file\(s\), 4 of them held out .* at most 18 of "
+        r"them .* give at least 41 unseen files \(4 of them for ReCaLL's prefix",
+    ):
+        check_counts(cfg, 10, 40, held=4)
+    assert check_counts(cfg, 10, 41, held=4)["min_p_value"] == 1 / 20
     cfg.audit.fdr = 0.5
-    with pytest.raises(MiaError, match="null check .* needs at least 8"):
+    with pytest.raises(MiaError, match="null check .* needs 8 of them; give at least 8 unseen"):
         check_counts(cfg, 10, 5)
+    # fdr 0.3 needs 3 calibration files (5 unseen), the null check 8, ReCaLL 4 more: one
+    # minimum, 12, whichever check fails first.
+    cfg.audit.fdr = 0.3
+    for n in (3, 5, 8):
+        with pytest.raises(MiaError, match=r"at least (4 suspected and )?12 unseen files"):
+            check_counts(cfg, 10, n, held=4)
+    check_counts(cfg, 10, 12, held=4)
 
 
 def test_flags_set_their_config_keys_and_missing_inputs_are_named(tmp_path, capsys):

@@ -159,6 +159,15 @@ class AttackJobConfig(JobConfig):
     world: WorldConfig = field(default_factory=WorldConfig)
     attack: AttackConfig = field(default_factory=AttackConfig)
 
+    def input_paths(self) -> dict[str, str]:
+        a = self.attack
+        return {
+            **super().input_paths(),
+            "attack.dc_pdd.corpus": a.dc_pdd.corpus if "dc_pdd" in a.attacks else "",
+            "attack.recall.prefix": a.recall.prefix,
+            "attack.recall.member_prefix": a.recall.member_prefix,
+        }
+
     def check(self) -> None:
         self.eval.check_classes(self.data)
         if not self.world.target:

@@ -40,7 +40,7 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
     from mia_ray.reports.io import write_json, write_parquet
 
     cfg = resolve(cfg)
-    check_target_early(cfg.model)
+    check_target_early(cfg.model, cfg.attack)
     if "ref" in cfg.attack.attacks:
         check_model_early(cfg.model.reference, "model.reference")
     snip_scores, doc_scores, ctx = score_attacks(cfg, out)

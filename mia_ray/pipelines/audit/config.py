@@ -15,6 +15,7 @@ from mia_ray.config import (
     check_choice,
     hint,
 )
+from mia_ray.detectors.dataset_inference import check_permutations
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.attack.config import (
     AttackConfig,
@@ -87,6 +88,7 @@ class AuditConfig:
                 "audit.file_rounds": self.file_rounds,
             }
         )
+        check_permutations("audit.permutations", self.permutations, self.alpha)
         if self.file_rounds > self.rounds:
             raise MiaError(
                 f"audit.file_rounds ({self.file_rounds}) cannot exceed audit.rounds ({self.rounds})"
@@ -143,6 +145,17 @@ class AuditJobConfig(JobConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     world: WorldConfig = field(default_factory=WorldConfig)
+
+    def input_paths(self) -> dict[str, str]:
+        a = self.audit
+        return {
+            "audit.suspected": a.suspected,
+            "audit.unseen": a.unseen,
+            "data.labels": self.data.labels,
+            "audit.dc_pdd.corpus": a.dc_pdd.corpus if "dc_pdd" in a.attacks else "",
+            "audit.recall.prefix": a.recall.prefix,
+            "audit.recall.member_prefix": a.recall.member_prefix,
+        }
 
     def check(self) -> None:
         if "dc_pdd" in self.audit.attacks and not (self.audit.dc_pdd.corpus or self.world.target):

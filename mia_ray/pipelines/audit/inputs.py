@@ -11,6 +11,7 @@ import pandas as pd
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.audit.config import AuditJobConfig
 from mia_ray.pipelines.common import log
+from mia_ray.redact import redact
 
 SIDES = ("suspected", "unseen")
 
@@ -61,11 +62,11 @@ def _read_side(cfg: AuditJobConfig, side: str) -> pd.DataFrame:
             split=cfg.data.split,
         )
     except MiaError as e:
-        raise MiaError(f"--{side} ({path}): {e}") from None
+        raise MiaError(f"--{side} ({redact(path)}): {e}") from None
     cols = ["doc_id", "text", *(["group"] if cfg.data.group_field else [])]
     df = ds.select_columns(cols).to_pandas()
     if df.empty:
-        raise MiaError(f"--{side} ({path}) holds no documents")
+        raise MiaError(f"--{side} ({redact(path)}) holds no documents")
     df["file_id"] = df["doc_id"].astype(str)
     df["doc_id"] = f"{side}/" + df["file_id"]
     df["side"] = int(side == "suspected")
@@ -214,35 +215,45 @@ def select_snippets(
     return kept, chosen, {"lengths": lengths, "left_out": left_out}
 
 
-def check_counts(cfg: AuditJobConfig, n_suspected: int, n_unseen: int, unit: str = "file") -> dict:
+def check_counts(
+    cfg: AuditJobConfig, n_suspected: int, n_unseen: int, unit: str = "file", held: int = 0
+) -> dict:
     """Fail before any scoring when there are too few independent sources (``unit``: file or
-    source) for the test or for any per-file verdict at ``audit.fdr``; return what the
-    calibration allows."""
+    source) for the test, the null check or any per-file verdict at ``audit.fdr``; return
+    what the calibration allows. ``held``: unseen ones that ReCaLL's prefix will take out of
+    the audit, counted in the one minimum every message gives."""
     from mia_ray.detectors.dataset_inference import MIN_GROUPS_PER_SIDE
     from mia_ray.stats.audit import min_calibration_files
 
     a = cfg.audit
     need = min_calibration_files(a.fdr)
-    for n, side in ((n_suspected, "suspected"), (n_unseen, "unseen")):
-        if n < MIN_GROUPS_PER_SIDE:
-            raise MiaError(
-                f"--{side} has {n} {unit}(s): the audit needs at least {MIN_GROUPS_PER_SIDE} "
-                f"suspected and {max(MIN_GROUPS_PER_SIDE, 2 * need - 1)} unseen {unit}s (2 of each "
-                "in each cross-fitting half)"
-            )
+    floor = max(MIN_GROUPS_PER_SIDE, 2 * need - 1, NULL_CHECK_MIN_UNSEEN if a.null_check else 0)
+    least = floor + held
+    also = f" ({held} of them for ReCaLL's prefix, held out of the audit)" if held else ""
+    has = f"--unseen has {n_unseen} {unit}(s)" + (
+        f", {held} of them held out for ReCaLL's prefix" if held else ""
+    )
+    n = n_unseen - held  # the unseen ones the audit tests and calibrates with
+    if n_suspected < MIN_GROUPS_PER_SIDE or n < MIN_GROUPS_PER_SIDE:
+        side, count = ("suspected", n_suspected) if n_suspected < MIN_GROUPS_PER_SIDE else (
+            "unseen", n_unseen)  # fmt: skip
+        raise MiaError(
+            f"--{side} has {count} {unit}(s): the audit needs at least {MIN_GROUPS_PER_SIDE} "
+            f"suspected and {least} unseen {unit}s{also} (2 of each in each cross-fitting half)"
+        )
     # A file is calibrated against the unseen sources of its own half: n // 2 or n - n // 2.
-    n_cal, n_max = n_unseen // 2, n_unseen - n_unseen // 2
+    n_cal, n_max = n // 2, n - n // 2
     if n_max < need:
         raise MiaError(
-            f"--unseen has {n_unseen} {unit}(s): a suspected file is ranked against at most "
-            f"{n_max} of them (those in its cross-fitting half), so its p-value is at least "
-            f"1/{n_max + 1} = {1 / (n_max + 1):.3f} > audit.fdr = {a.fdr:g} and no file could "
-            f"ever be flagged; give at least {2 * need - 1} unseen {unit}s (or raise audit.fdr)"
+            f"{has}: a suspected file is ranked against at most {n_max} of them (those in its "
+            f"cross-fitting half), so its p-value is at least 1/{n_max + 1} = "
+            f"{1 / (n_max + 1):.3f} > audit.fdr = {a.fdr:g} and no file could ever be "
+            f"flagged; give at least {least} unseen {unit}s{also} (or raise audit.fdr)"
         )
-    if a.null_check and n_unseen < NULL_CHECK_MIN_UNSEEN:
+    if a.null_check and n < NULL_CHECK_MIN_UNSEEN:
         raise MiaError(
-            f"--unseen has {n_unseen} {unit}(s): the null check (unseen vs unseen) needs at "
-            f"least {NULL_CHECK_MIN_UNSEEN}; add files or set audit.null_check=false"
+            f"{has}: the null check (unseen vs unseen) needs {NULL_CHECK_MIN_UNSEEN} of them; "
+            f"give at least {least} unseen {unit}s{also}, or set audit.null_check=false"
         )
     min_p = 1 / (n_max + 1)
     return {
@@ -253,12 +264,31 @@ def check_counts(cfg: AuditJobConfig, n_suspected: int, n_unseen: int, unit: str
     }
 
 
-def check_sources(cfg: AuditJobConfig, files: pd.DataFrame) -> tuple[dict, pd.Series]:
+def check_sources(
+    cfg: AuditJobConfig, files: pd.DataFrame, count_held: bool = True
+) -> tuple[dict, pd.Series]:
     """:func:`check_counts` on the independent sources of each side (files when none is
-    grouped); returns its result and the sources per side (index 0 unseen, 1 suspected)."""
+    grouped), with ReCaLL's held-out sources counted while they are still among ``files``
+    (``count_held``); returns its result and the sources per side (index 0 unseen, 1
+    suspected)."""
     n_src = files.groupby("side")["source"].nunique().reindex([0, 1], fill_value=0)
     unit = "source" if n_src.sum() < len(files) else "file"
-    return check_counts(cfg, int(n_src[1]), int(n_src[0]), unit), n_src
+    held = recall_holds_out(cfg, files) if count_held else 0
+    return check_counts(cfg, int(n_src[1]), int(n_src[0]), unit, held), n_src
+
+
+def recall_holds_out(cfg: AuditJobConfig, files: pd.DataFrame) -> int:
+    """How many unseen sources ReCaLL's prefix will hold out of the audit (0 when no attack
+    reads it or ``audit.recall.prefix`` gives it); its shots when the side is too small."""
+    from mia_ray.features.attacks import passes_of
+
+    r = cfg.audit.recall
+    if "recall" not in passes_of(cfg.audit.attacks) or r.prefix:
+        return 0
+    try:
+        return len(held_out_sources(files, r.shots, cfg.audit.seed)[1])
+    except MiaError:
+        return r.shots
 
 
 def truth_labels(cfg: AuditJobConfig, files: pd.DataFrame) -> dict[str, int]:
@@ -294,7 +324,7 @@ def prepare_files(cfg: AuditJobConfig):
         ) from None
     files, snippets, prefixes, held = audit_prefixes(cfg, files, snippets)
     if held:
-        calib, n_src = check_sources(cfg, files)
+        calib, n_src = check_sources(cfg, files, count_held=False)
     truth = truth_labels(cfg, files)
     log(
         f"{int(files['side'].sum())} suspected and {int((files['side'] == 0).sum())} unseen "

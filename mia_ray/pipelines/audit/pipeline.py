@@ -42,7 +42,7 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
     cfg = resolve_world(cfg)
     a = cfg.audit
     methods = method_configs(cfg)  # every requested method's config checks out before any work
-    check_target_early(cfg.model)
+    check_target_early(cfg.model, a.attack_config(bool(cfg.model.reference)), "audit")
     if cfg.model.reference:
         check_model_early(cfg.model.reference, "model.reference")
     files, snippets, truth, calib, inputs = prepare_files(cfg)
