@@ -329,6 +329,8 @@ ROWS = [
     Bad("dc_pdd corpus missing", (*OWN, *_sets("attack.attacks=[loss,dc_pdd]",
         "attack.dc_pdd.corpus={tmp}/no-corpus.jsonl")),
         "data path not found: {tmp}/no-corpus.jsonl (attack.dc_pdd.corpus)"),
+    Bad("leakage shard missing", ("leakage", *_sets("crawl.shards=[{docs},{tmp}/gone.jsonl]")),
+        "data path not found: {tmp}/gone.jsonl (crawl.shards[1])"),
     Bad("audit input missing", (*AUDIT, "--suspected", "{tmp}/absent"),
         "data path not found: {tmp}/absent (audit.suspected)"),
     Bad("samia samples longer than the window", (*OWN, *_sets(

@@ -129,3 +129,6 @@ class LeakageJobConfig(JobConfig):
     scan: ScanConfig = field(default_factory=ScanConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     eval: LeakEvalConfig = field(default_factory=LeakEvalConfig)
+
+    def input_paths(self) -> dict[str, str]:
+        return {f"crawl.shards[{i}]": path for i, path in enumerate(self.crawl.shards)}
