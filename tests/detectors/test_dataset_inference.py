@@ -157,6 +157,47 @@ def test_the_permutation_p_value_counts_ties_against_and_has_its_floor():
         permutation_test(_design(F, side), 0, 0, 0.05)
 
 
+def test_permutations_drawn_a_chunk_at_a_time_give_the_statistics_of_one_draw(monkeypatch):
+    """Chunks of 256 rows, the observed sides first (memory bounded for any count), change no
+    number: the statistics are those of all permutations drawn at once from the same
+    generator, and progress is logged when the test is slow."""
+    import mia_ray.detectors.dataset_inference as di
+
+    side = np.array([1] * 6 + [0] * 8)
+    F = np.random.default_rng(3).normal(size=(14, 3)) + side[:, None] * 0.4
+    design = _design(F, side)
+    rng = np.random.default_rng([0x9E57, 0])
+    rows = np.array([side] + [rng.permutation(side) for _ in range(600)])
+    T = di._statistics(design, rows)[0]
+    want = (1 + int((T[1:] >= T[0] - 1e-12).sum())) / 601
+    said = []
+    monkeypatch.setattr(di, "PROGRESS_EVERY_S", -1.0)
+    monkeypatch.setattr(di, "log", said.append)
+    got = permutation_test(design, 600, 0, 0.05)
+    assert got["statistic"] == T[0] and got["p_value"] == want
+    assert got["null_mean"] == pytest.approx(T[1:].mean(), abs=1e-12)
+    assert [s.split(" permutations")[0] for s in said] == [
+        "permutation test: 255 of 600", "permutation test: 511 of 600"]  # fmt: skip
+
+
+def test_permutation_counts_that_cannot_reject_or_would_not_end_are_refused():
+    from mia_ray.detectors.dataset_inference import check_permutations
+
+    check_permutations("k", 19, 0.05)  # 1/20 = 0.05: can reject
+    with pytest.raises(
+        MiaError,
+        match=r"^k = 18 cannot reject at level 0.05: .* 1/\(18 \+ 1\) "
+        r"= 0.0526; give at least 19",
+    ):
+        check_permutations("k", 18, 0.05)
+    check_permutations("k", 99, 0.01)
+    with pytest.raises(MiaError, match="give at least 99"):
+        check_permutations("k", 98, 0.01)
+    check_permutations("k", 100_000, 0.05)
+    with pytest.raises(MiaError, match="^k = 100001 is more than 100000"):
+        check_permutations("k", 100_001, 0.05)
+
+
 def test_per_file_pvalues_are_split_conformal_within_the_half_and_the_largest_over_rounds():
     rng = np.random.default_rng(7)
     _, F, side = _world(rng, 8, 21, shift=1.0)
