@@ -6,11 +6,13 @@ on the same MB of pages, interleaved, with the findings compared document by doc
 ``--crawl MB``: a crawl of MB megabytes (jsonl shards of ``scanner_sample`` pages, its
 reference scenes as the copyright store) scanned by the pipeline's own Ray Data pass with 1
 and then 2 scanner actors, and by one in-process scanner, side by side: read, start-up and
-steady-state MB/s, and whether all three give the same rows.
+steady-state MB/s, and whether all three give the same rows. ``--long-record 5,20,50``: one
+scanner on one record of each size, seconds per MB (flat when the scan is linear).
 
     python bench/leakage_bench.py --scale demo --out BENCHMARKS.md
     python bench/leakage_bench.py --scanner-core 20
     python bench/leakage_bench.py --crawl 200 --out BENCHMARKS.md
+    python bench/leakage_bench.py --long-record 5,20,50 --out BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -146,6 +148,57 @@ def scanner_core(mb: float, rounds: int) -> str:
             "",
             "| sample | MB | pages | findings | reference MB/s | scanner MB/s | ratio | same findings |",
             "|---|---|---|---|---|---|---|---|",
+            *lines,
+        ]
+    )
+
+
+def long_record(sizes: list[float]) -> str:
+    """One scanner on one record of each of ``sizes`` MB (``scanner_sample`` pages joined,
+    and the same with every line break made a space: one paragraph), timed once each after a
+    warm-up; a Markdown section. Linear time shows as flat seconds per MB."""
+    from mia_ray.actors.scanner import LeakScanner
+    from mia_ray.features.shingles import ShingleStore
+
+    work = Path(tempfile.mkdtemp(prefix="long-record-"))
+    pages, refs = scanner_sample(max(sizes))
+    ShingleStore.build(refs, 300).save(work / "copyright.npz")
+    scanner = LeakScanner({"copyright": str(work / "copyright.npz")}, [], True, 64)
+    scanner.findings([pages[0][1]])  # builds the Hyperscan database and the view table
+    lines = []
+    for label, sep in (("pages joined", "\n\n"), ("one paragraph (line breaks made spaces)", " ")):
+        row = []
+        for mb in sizes:
+            text, size = [], 0
+            for _, t in pages:
+                if size >= mb * 1e6:
+                    break
+                text.append(t if sep == "\n\n" else t.replace("\n", " "))
+                size += len(t.encode())
+            record = sep.join(text)
+            t0 = time.perf_counter()
+            rows, _ = scanner.findings([record])
+            took = time.perf_counter() - t0
+            row.append((mb, took, len(rows[0])))
+            print(f"{label} {mb:g} MB: {took:.2f} s, {len(rows[0])} findings", flush=True)
+        per = [t / mb for mb, t, _ in row]
+        cells = " | ".join(f"{t:.2f} ({n:,})" for _, t, n in row)
+        lines.append(f"| {label} | {cells} | {max(per) / min(per):.2f} |")
+    head = " | ".join(f"{mb:g} MB: s (findings)" for mb in sizes)
+    return "\n".join(
+        [
+            "## Leakage scanner: one long record, seconds per MB",
+            "",
+            f"`python bench/leakage_bench.py --long-record {','.join(f'{m:g}' for m in sizes)}` "
+            f"on {platform.processor() or platform.machine()}, one process, "
+            f"{time.strftime('%Y-%m-%d')}: one record of `scanner_sample` pages through "
+            "`LeakScanner.findings` (the 20 PII types, person names, a copyright store), each "
+            "size timed once after a warm-up. The last column is the largest over the smallest "
+            "seconds per MB: 1 is linear time (before the fix of 2026-12-06, the one-paragraph "
+            "record's ratio was 16, below).",
+            "",
+            f"| record | {head} | s/MB, largest / smallest |",
+            "|---|" + "---|" * len(sizes) + "---|",
             *lines,
         ]
     )
@@ -602,7 +655,19 @@ def main() -> None:
         default=0.5,
         help="--crawl's scan.cpus_per_worker (the demo job's 0.5 leaves Ray Data a CPU)",
     )
+    ap.add_argument(
+        "--long-record",
+        default="",
+        metavar="MB,MB,...",
+        help="time one scanner on one record of each size (linear time: flat s/MB)",
+    )
     args = ap.parse_args()
+    if args.long_record:
+        text = long_record([float(x) for x in args.long_record.split(",")])
+        print(text)
+        if args.out:
+            update_section(Path(args.out), text)
+        return
     if args.crawl:
         text = crawl_bench(
             args.crawl, args.seed, args.crawl_shards, args.crawl_dir, args.cpus_per_worker

@@ -198,6 +198,34 @@ def _no_secret_left(out: Path) -> None:
                 assert secret not in text, (path, secret)
 
 
+# A leakage scan with one scanner actor of half a CPU: the session's 2-CPU Ray then keeps a
+# CPU for Ray Data's reads (the default pool holds both; see its row).
+SCAN = ("leakage", *_sets("scan.workers=1", "scan.cpus_per_worker=0.5"))
+
+
+def _wet_pages(path: Path) -> None:
+    from mia_ray.demo.crawl import write_wet
+
+    write_wet([{"id": f"w{i}", "text": f"Page {i} says hello. " * 20} for i in range(8)], path)
+
+
+def _wet_cut(tmp: Path, model: Path) -> None:
+    """A WET shard whose last gzip member breaks off (a download cut short)."""
+    _wet_pages(tmp / "CC-0.warc.wet.gz")
+    data = (tmp / "CC-0.warc.wet.gz").read_bytes()
+    (tmp / "CC-0.warc.wet.gz").write_bytes(data[:-20])
+
+
+def _wet_garbage_in_a_folder(tmp: Path, model: Path) -> None:
+    """A crawl folder (one shard): a good WET file and one whose bytes are no gzip at all."""
+    import random
+
+    (tmp / "crawl").mkdir()
+    _wet_pages(tmp / "crawl" / "CC-0.warc.wet.gz")
+    junk = b"PK\x03\x04" + random.Random(0).randbytes(4000)
+    (tmp / "crawl" / "CC-1.warc.wet.gz").write_bytes(junk)
+
+
 ROWS = [
     # ---- config validation: fails before anything starts
     Bad("config typo", ("attack", "--config", "jobs/attack_demo.yaml", *_sets("data.snipet_size=3")),
@@ -292,6 +320,21 @@ ROWS = [
         "attack.attacks=[loss,ref]")),
         "model.reference: '{tmp}/ref' has a tokenizer of {ref_tokens} tokens but an embedding "
         "matrix of {ref_rows} rows", ray=True, setup=_tokenizer_past_embeddings),
+    # ---- leakage shards that do not decompress
+    Bad("leakage: truncated .warc.wet.gz shard", (*SCAN, *_sets("crawl.shards=[{tmp}/CC-0.warc.wet.gz]")),
+        "file CC-0.warc.wet.gz cannot be read to its end (a truncated or corrupt gzip file?): "
+        "Truncated compressed stream", ray=True, setup=_wet_cut),
+    Bad("leakage: truncated .jsonl.zst shard", (*SCAN, *_sets("crawl.shards=[{tmp}/part-0.jsonl.zst]")),
+        "file part-0.jsonl.zst cannot be read to its end (a truncated or corrupt zstd file?): "
+        "Truncated compressed stream", ray=True, setup=_cut("part-0.jsonl.zst", _zstd)),
+    Bad("leakage: garbage .warc.wet.gz in a shard folder", (*SCAN, *_sets("crawl.shards=[{tmp}/crawl]")),
+        "file CC-1.warc.wet.gz of shard crawl cannot be read to its end (a truncated or corrupt "
+        "gzip file?): zlib inflate failed: incorrect header check", ray=True,
+        setup=_wet_garbage_in_a_folder),
+    Bad("leakage: .wet shard that is not WARC", (*SCAN, *_sets("crawl.shards=[{tmp}/page.wet]")),
+        "file page.wet cannot be read to its end (a truncated or corrupt file?): Invalid WARC "
+        "header", ray=True,
+        setup=lambda t, m: (t / "page.wet").write_text("<html><body>a saved page</body></html>\n" * 20)),
     # ---- a rerun that fails leaves no report of another config beside its config.yaml
     Bad("failed rerun over an old report", OWN, "document doc1.txt looks binary", ray=True,
         setup=_old_report_and_binary_doc, check=_old_report_set_aside),
@@ -311,7 +354,7 @@ ROWS = [
         # parsed right: the host is 127.0.0.1 (refused), not a DNS name with the key in it
         "POST http://127.0.0.1:9/v1/completions failed after 1 attempts: could not reach the "
         "server", ray=True, error_log=True, hidden=(API_KEY,), check=_no_secret_left),
-    Bad("a second run into a folder in use", OWN,
+    Bad("a second run into a folder in use", LEAKAGE,
         "is in use by another mia-ray run (pid 4242, started 2026-12-06 17:00:00); wait for it "
         "to end or give another --out", setup=_run_holding_the_folder,
         check=_folder_untouched_then_released),

@@ -72,7 +72,7 @@ class LeakScanner:
     def findings(self, texts: list[str]):
         """Per text, its findings as tuples of :data:`FINDING_COLUMNS`; and the texts' word
         counts as the stores count them (a text shorter than a span never matches)."""
-        from mia_ray.features.leaks import instance_span
+        from mia_ray.features.leaks import instance_span, sentence_bounds_many
         from mia_ray.features.pii import scan_pii_many
         from mia_ray.features.textbatch import TextBatch
 
@@ -88,10 +88,14 @@ class LeakScanner:
         words = self.instance_words
         for i, text in enumerate(texts):
             rows = []
+            # The instance the output and detection rates probe: a PII value's sentence
+            # (instance_span's), all of a text's at once.
+            probed = [(m.start, m.end) for m in pii[i] if m.type != "person_name"]
+            sentences = iter(sentence_bounds_many(text, probed))
             for m in pii[i]:
                 a = instance = None
-                if m.type != "person_name":  # the instance the output and detection rates probe
-                    a, b = instance_span(text, m.start, m.end, "pii", words)
+                if m.type != "person_name":
+                    a, b = next(sentences)
                     instance = text[a:b]
                 rows.append(("pii", m.type, m.start, m.end, m.value, "", a, instance))
             for category, ref_ids, per_text in spans:
@@ -147,8 +151,10 @@ class LeakScanner:
 
         if "_error" in batch.column_names:
             errors = pc.drop_null(batch.column("_error"))
-            if len(errors):
-                raise MiaError(f"{errors[0].as_py()} ({len(errors)} bad record(s) in this batch)")
+            if len(errors) > 1:
+                raise MiaError(f"{errors[0].as_py()} (and {len(errors) - 1} more in this batch)")
+            if len(errors):  # a record, or a whole file that does not read: as it says
+                raise MiaError(errors[0].as_py())
         node = ray.get_runtime_context().get_node_id()
         types = _finding_types()
         shards, counts = [], []

@@ -84,31 +84,51 @@ def sentence_bounds(text: str, start: int, end: int) -> tuple[int, int]:
     """The sentence of ``text`` holding ``[start, end)``: from the last sentence break at or
     before ``start`` to the first one at or after ``end`` (a break is ". " before a capital;
     paragraph breaks count too)."""
-    # A break is a whole whitespace run (its first character follows [.!?]), found wherever a
-    # search starts outside it: read from the start of the run holding the paragraph break
-    # before ``start`` (an earlier break ends before the paragraph), not from the text's start.
-    para = text.rfind("\n", 0, start)
-    a = frm = max(para, 0)
+    return sentence_bounds_many(text, [(start, end)])[0]
+
+
+def sentence_bounds_many(text: str, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """:func:`sentence_bounds` of each of ``spans`` (in any order), reading ``text`` about
+    once however many spans it holds: the starts in order move one reading forward, the ends
+    in order another, and no stretch is searched twice. (Searching from each span on its own
+    made a long record without paragraph breaks cost its size once per finding.)"""
+    if not spans:
+        return []
+    size = len(text)
+    bounds = [[0, size] for _ in spans]
+    by_start = sorted(range(len(spans)), key=lambda k: spans[k][0])
+    # A break is a whole whitespace run (its first character follows [.!?]), the same wherever
+    # a reading starts outside it: read from the start of the run holding the paragraph break
+    # before the first start (an earlier break ends before that paragraph).
+    seen = spans[by_start[0]][0]
+    para = text.rfind("\n", 0, seen)
+    frm = max(para, 0)
     while frm and text[frm - 1].isspace():
         frm -= 1
-    # The breaks are the same wherever the reading starts (each is its [.!?] and the whole run
-    # after it), so the last one to end by ``start`` is found reading back from it: the
-    # nearest [.!?] before it that starts a break ending there or before.
-    lo, hi = max(frm - 1, 0), start
-    while (
-        p := max(text.rfind(".", lo, hi), text.rfind("!", lo, hi), text.rfind("?", lo, hi))
-    ) >= 0:
-        m = _AFTER_PUNCT.match(text, p)
-        if m and m.end() <= start:
-            a = max(a, m.end())
-            break
-        hi = p
-    a = max(a, para + 1)
-    nxt = _AFTER_PUNCT.search(text, max(end - 1, 0))
-    b = nxt.start(1) if nxt else len(text)
-    nl = text.find("\n", end)
-    b = min(b, nl) if nl >= 0 else b
-    return a, b
+    breaks = _AFTER_PUNCT.finditer(text, max(frm - 1, 0))
+    ahead = next(breaks, None)
+    last = 0  # the end of the last break to end by the current start
+    for k in by_start:
+        start = spans[k][0]
+        while ahead is not None and ahead.end() <= start:
+            last = ahead.end()
+            ahead = next(breaks, None)
+        if start > seen:
+            p = text.rfind("\n", seen, start)
+            para = p if p >= 0 else para
+            seen = start
+        bounds[k][0] = max(last, para + 1)
+    brk = nl = -1  # the first break (its run's start) and newline at or after the last end
+    for k in sorted(range(len(spans)), key=lambda k: spans[k][1]):
+        end = spans[k][1]
+        if brk < end:
+            m = _AFTER_PUNCT.search(text, max(end - 1, 0))
+            brk = m.start(1) if m else size
+        if nl < end:
+            nl = text.find("\n", end)
+            nl = size if nl < 0 else nl
+        bounds[k][1] = min(brk, nl)
+    return [(a, b) for a, b in bounds]
 
 
 def instance_span(

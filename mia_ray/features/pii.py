@@ -17,7 +17,6 @@ is read whole, with the same findings. No torch, no ray: it runs inside Ray Data
 from __future__ import annotations
 
 import base64
-import bisect
 import functools
 import hashlib
 import ipaddress
@@ -1066,14 +1065,26 @@ def _find_near(
     # pos only grows and every match ends past its start, so no match is found twice.
     pos = 0
     search, validator, size = t.pattern.search, t.validator, len(text)
+    unbounded = reads >= _UNBOUNDED
+    # Unbounded attempts search on to the text's end: the match found stays the first one
+    # at or after pos until pos passes its start, so the ranges before it reuse it rather
+    # than search again (each from its own range, a record with many reports and few
+    # matches was read to its end once per report).
+    ahead: re.Match[str] | None = None
     for lo, hi in spans:
         if hi < pos:
             continue
-        endpos = size if reads >= _UNBOUNDED else min(size, hi + reads + 1)
         if pos < lo:
             pos = lo
         while pos <= hi:
-            m = search(text, pos, endpos)
+            if not unbounded:
+                m = search(text, pos, min(size, hi + reads + 1))
+            else:
+                if ahead is None or ahead.start() < pos:
+                    ahead = search(text, pos, size)
+                    if ahead is None:
+                        return  # none starts at or after pos
+                m = ahead
             if m is None or m.start() > hi:
                 pos = hi + 1  # none starts up to hi: the next range is read from past it
                 break
@@ -1181,6 +1192,11 @@ class _Prefilter:
         at = batch.offsets[docs]
         view, solid = batch.view, self.solid
         geometry = self.geometry
+        spaced: dict[int, int] = {}
+        if solid:
+            pick = np.isin(ids, sorted(solid))
+            order = np.argsort(ends[pick], kind="stable")
+            spaced = _after_last_space(view, ends[pick][order].tolist(), at[pick][order].tolist())
         for i, g, e, d, a in zip(
             ids.tolist(), ends.tolist(), (ends - at).tolist(), docs.tolist(), at.tolist(),
             strict=True,
@@ -1193,7 +1209,7 @@ class _Prefilter:
                 # A match starting at s has a core match [s, e) with cmin <= e - s <= cmax.
                 cmin, cmax, _ = geometry[i]
                 if i in solid:  # after the last whitespace before the end (or the text's start)
-                    lo = max([view.rfind(c, a, g) for c in _VIEW_SPACE_BYTES]) + 1 - a
+                    lo = spaced[g] - a
                 else:
                     lo = e - cmax
                 types[d].setdefault(i, []).append((max(0, lo), e - cmin))
@@ -1206,6 +1222,24 @@ class _Prefilter:
         for s in starts:
             s.sort()
         return types, starts
+
+
+def _after_last_space(view: bytes, ends: list[int], firsts: list[int]) -> dict[int, int]:
+    """For each view position ``ends[k]`` (ascending; ``firsts[k]`` the start of its text):
+    the position after the last whitespace of the view before it in its text, or the text's
+    start. Each stretch of the view is read once, from the last position on, however many
+    positions fall in one long stretch without whitespace (reading back from each to its
+    text's start made a record's scan quadratic in its size)."""
+    out: dict[int, int] = {}
+    last, after = -1, 0
+    for g, a in zip(ends, firsts, strict=True):
+        found = max([view.rfind(c, max(last, a), g) for c in _VIEW_SPACE_BYTES])
+        if found >= 0:
+            after = found + 1
+        elif last < a:  # the first position of its text, with no whitespace before it
+            after = a
+        out[g], last = after, g
+    return out
 
 
 _SPACE_BYTE = np.zeros(256, dtype=np.int64)
@@ -1232,16 +1266,19 @@ def _prefilter(types: tuple[str, ...], names: bool) -> _Prefilter | None:
 def _resolve(found: list[PiiMatch]) -> list[PiiMatch]:
     """The overlap rule of :func:`scan_pii` applied to every candidate finding."""
     found.sort(key=lambda m: (-PRIORITY.get(m.type, -1), -(m.end - m.start), m.start))
-    starts: list[int] = []  # kept spans, sorted and disjoint
+    # The pieces between consecutive candidate bounds: two findings overlap when they share
+    # one, and the kept ones are disjoint, so marking theirs costs one pass in all (inserting
+    # into sorted lists made a record's scan quadratic in its findings).
+    bounds = sorted({x for m in found for x in (m.start, m.end)})
+    piece = {x: k for k, x in enumerate(bounds)}
+    taken = bytearray(len(bounds))  # piece k ([bounds[k], bounds[k + 1])) held by a kept one
     kept: list[PiiMatch] = []
     for m in found:
-        k = bisect.bisect_right(starts, m.start)
-        if k and kept[k - 1].end > m.start:
-            continue  # overlaps the kept span to its left
-        if k < len(kept) and kept[k].start < m.end:
-            continue  # overlaps the kept span to its right
-        starts.insert(k, m.start)
-        kept.insert(k, m)
+        a, b = piece[m.start], piece[m.end]
+        if taken.find(1, a, b) < 0:
+            taken[a:b] = b"\x01" * (b - a)
+            kept.append(m)
+    kept.sort(key=lambda m: m.start)
     return kept
 
 

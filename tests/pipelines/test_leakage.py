@@ -362,7 +362,7 @@ def test_bad_input_is_one_clear_error(tmp_path, capsys, ray_local):
     )
     assert code == 2
     err = capsys.readouterr().err
-    assert f"crawl.shards: data path not found: {tmp_path / 'missing.jsonl'}" in err
+    assert f"data path not found: {tmp_path / 'missing.jsonl'} (crawl.shards[0])" in err
     assert main(["leakage", "--out", str(tmp_path / "o")]) == 2
     assert "crawl.shards is empty" in capsys.readouterr().err
     assert main(["leakage", "--set", "crawl.demo=true", "--set", "scan.pii_types=[emial]",
@@ -649,7 +649,7 @@ def test_a_bad_record_mid_scan_is_one_clear_error(ray_local, tmp_path, capsys):
             "--set", "scan.names=false", "--out", str(tmp_path / "out")]  # fmt: skip
     assert main(args) == 2  # the input's fault, as every MiaError
     err = capsys.readouterr().err
-    assert "document bad is empty (1 bad record(s) in this batch)" in err
+    assert "mia-ray: error: document bad is empty\n" in err
     assert "Traceback" not in err
 
 
