@@ -266,22 +266,9 @@ def test_cli_serve_bad_model(capsys):
 
 
 def test_cli_serve_stops_on_ctrl_c(capsys, monkeypatch):
-    closed = []
-
-    class Server:
-        base_url = "http://127.0.0.1:1/v1"
-        model_id = "m"
-
-        def serve_forever(self):
-            raise KeyboardInterrupt
-
-        def server_close(self):
-            closed.append(True)
-
-    monkeypatch.setattr("mia_ray.serve.make_server", lambda *a, **k: Server())
-    monkeypatch.setattr("mia_ray.pipelines.common.check_model_early", lambda *a: None)
+    got = _cli_server(monkeypatch)
     assert main(["serve", "--model", "m", "--port", "0"]) == 0
-    assert closed == [True]
+    assert got["closed"] == 1
     assert capsys.readouterr().err == (
         "mia-ray serve: m as 'm' at http://127.0.0.1:1/v1 (Ctrl-C stops)\nmia-ray serve: stopped\n"
     )
@@ -349,8 +336,9 @@ def test_an_unexpected_failure_is_one_line_and_its_traceback_stays_in_the_log(
 
 
 def _cli_server(monkeypatch) -> dict:
-    """Stand in for ``make_server``: what ``mia-ray serve`` passed to it."""
-    got: dict = {}
+    """Stand in for ``make_server`` (a server that Ctrl-C stops at once): what ``mia-ray
+    serve`` passed to it, and how often it closed the server."""
+    got: dict = {"closed": 0}
 
     class Server:
         base_url = "http://127.0.0.1:1/v1"
@@ -360,7 +348,7 @@ def _cli_server(monkeypatch) -> dict:
             raise KeyboardInterrupt
 
         def server_close(self):
-            pass
+            got["closed"] += 1
 
     def make(model, host, port, api_key, device, model_id=""):
         got.update(api_key=api_key, model_id=model_id)

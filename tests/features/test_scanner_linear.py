@@ -6,29 +6,15 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import importlib.util
 import random
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
 from mia_ray.features import leaks, pii
 from mia_ray.features.leaks import sentence_bounds_many
 from mia_ray.features.pii import PiiMatch
-
-
-def _load_reference():
-    path = Path(__file__).with_name("_reference_scanner.py")
-    spec = importlib.util.spec_from_file_location("_reference_scanner", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ref = _load_reference()
 
 
 class _Reads:
@@ -78,7 +64,7 @@ class _CountedBytes(bytes):
         return at
 
 
-def test_sentence_bounds_of_many_spans_equal_the_scan_from_the_start():
+def test_sentence_bounds_of_many_spans_equal_the_scan_from_the_start(ref):
     rng = random.Random(8)
     pieces = ["Word", "word", ".", "!", "?", " ", "  ", "\n", " \n ", "(", '"', "'", "x", "Q"]
     for _ in range(600):
@@ -92,7 +78,7 @@ def test_sentence_bounds_of_many_spans_equal_the_scan_from_the_start():
 
 
 @pytest.mark.parametrize("sep", [" ", ". ", ".\n", "; "])
-def test_sentence_bounds_read_a_record_about_once_for_any_number_of_findings(sep, monkeypatch):
+def test_sentence_bounds_read_a_record_about_once_for_any_number_of_findings(sep, monkeypatch, ref):
     """A long record and a value every 40 characters: the breaks, paragraphs and values are
     each found by readings that never cover a stretch twice (searching from each value read
     the record's paragraph, or the rest of it, once per value)."""
