@@ -370,7 +370,7 @@ def test_cli_serve_takes_its_key_from_the_environment_or_a_file(tmp_path, monkey
     assert got["api_key"] == "k-flag"  # still works, for compatibility
     monkeypatch.setenv("MIA_RAY_API_KEY", "k-env")
     assert main(["serve", "--model", "m", "--served-model-name", "target"]) == 0
-    assert got == {"api_key": "k-env", "model_id": "target"}
+    assert got == {"api_key": "k-env", "model_id": "target", "closed": 3}  # each run closed
     assert "k-" not in capsys.readouterr().err  # no key is ever printed
 
 
