@@ -171,3 +171,30 @@ def test_config_checks_storage_and_custom_resources():
 def test_storage_that_cannot_open_is_one_line():
     with pytest.raises(MiaError, match=r"resources.storage nosuch://x cannot be opened"):
         open_storage("nosuch://x")
+
+
+def test_gcs_gives_up_after_seconds_not_fifteen_minutes():
+    """pyarrow's GCS client retries for 15 minutes by default, also a request that no
+    credentials can authorize: the filesystem of any gs:// URI gets a 10 s limit unless the
+    URI sets its own, and a bucket without credentials ends in the credentials message."""
+    import datetime
+
+    from mia_ray.data.sources import resolve_source
+    from mia_ray.storage import GCS_RETRY_LIMIT_S, filesystem_of, with_retry_limit
+
+    assert with_retry_limit("gs://b/p") == "gs://b/p?retry_limit_seconds=10"
+    assert with_retry_limit("gs://b/p?x=1") == "gs://b/p?x=1&retry_limit_seconds=10"
+    assert (
+        with_retry_limit("gs://b/p?retry_limit_seconds=600") == "gs://b/p?retry_limit_seconds=600"
+    )
+    assert with_retry_limit("s3://b/p") == "s3://b/p"
+    fs, _ = filesystem_of("gs://mia-ray-test-no-such-bucket/docs")
+    limit = fs.__reduce__()[1][0]["retry_time_limit"]
+    assert limit == datetime.timedelta(seconds=GCS_RETRY_LIMIT_S)
+    # No credentials on this machine (and no network): refused, named, with the remedy.
+    with pytest.raises(
+        MiaError,
+        match=r"^cannot read gs://mia-ray-test-no-such-bucket/docs: the "
+        r"storage refused this machine's credentials .* GOOGLE_APPLICATION_CRED",
+    ):
+        resolve_source("gs://mia-ray-test-no-such-bucket/docs")
