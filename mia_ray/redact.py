@@ -34,7 +34,10 @@ SECRET_ENV = (
     "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "MIA_RAY_API_KEY",
     "OPENAI_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY",
 )  # fmt: skip
-_MIN_SECRET = 4  # shorter literals would mask ordinary words
+# Remembered literals are masked wherever they appear: a shorter one ("pass", "user") would
+# mask ordinary words. (Inside a URL every credential is masked, whatever its length.)
+_MIN_SECRET = 8
+_MIN_KEY_ID = 12  # a user name beside a password counts as a key id (AWS's are 20) from here
 _known: set[str] = set()
 
 
@@ -81,15 +84,16 @@ def redact(uri: str) -> str:
 
 
 def credentials_in(uri: str) -> list[str]:
-    """The literal secrets a URI carries: its user info's parts and credential parameters."""
+    """The literal secrets a URI carries: its user info's password, its user when it stands
+    alone (``https://TOKEN@host``) or is as long as a key id, and credential parameters."""
     _, user, password = split_userinfo(str(uri))
-    found = [user, password]
+    found = [password, user if not password or len(user) >= _MIN_KEY_ID else ""]
     query = str(uri).split("#", 1)[0].partition("?")[2]
     for param in query.split("&") if query else ():
         name, eq, value = param.partition("=")
         if eq and _SECRET_PARAM.search(name):
             found.append(value)
-    return [f for f in found if len(f) >= _MIN_SECRET]
+    return [f for f in found if f]
 
 
 def remember(texts: Iterable[str], env: bool = True) -> None:
@@ -97,7 +101,7 @@ def remember(texts: Iterable[str], env: bool = True) -> None:
     them) and, with ``env``, the values of :data:`SECRET_ENV`."""
     for text in texts:
         for url in _URL.findall(str(text)):
-            _known.update(credentials_in(url))
+            _known.update(c for c in credentials_in(url) if len(c) >= _MIN_SECRET)
     if env:
         _known.update(v for k in SECRET_ENV if len(v := os.environ.get(k, "")) >= _MIN_SECRET)
 

@@ -42,23 +42,27 @@ def test_split_userinfo_parses_the_host_right():
         "sk-1",
     )
     assert split_userinfo("http://127.0.0.1:9/v1") == ("http://127.0.0.1:9/v1", "", "")
-    assert credentials_in("s3://KEYID:SECRET@b/p?secret_key=S2S2&region=eu") == [
-        "KEYID", "SECRET", "S2S2"]  # fmt: skip
+    assert credentials_in("s3://AKIDEXAMPLE1234:SECRET@b/p?secret_key=S2S2&region=eu") == [
+        "SECRET", "AKIDEXAMPLE1234", "S2S2"]  # fmt: skip
+    # a short user name beside a password is a name; a user alone is a token
+    assert credentials_in("http://user:pw@h/") == ["pw"]
+    assert credentials_in("https://tok@h/") == ["tok"]
 
 
 def test_scrub_masks_urls_bare_keys_and_every_remembered_secret(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "envsecret99")
-    redact.remember(["--suspected", "s3://KEYID:SUPERSECRET@bucket/x"])
-    text = ("cannot read s3://KEYID:SUPERSECRET@bucket/x: InvalidAccessKeyId KEYID; "
+    redact.remember(["--suspected", "s3://AKIDEXAMPLE1234:SUPERSECRET@bucket/x"])
+    text = ("cannot read s3://AKIDEXAMPLE1234:SUPERSECRET@bucket/x: InvalidAccessKeyId AKIDEXAMPLE1234; "
             "the server said SUPERSECRET envsecret99; key sk-abcdefghijklmnop1234 hf_"
             "abcdefghijklmnopqrstuvwxyz AKIAABCDEFGHIJKLMNOP")  # fmt: skip
     assert redact.scrub(text) == (
         "cannot read s3://***@bucket/x: InvalidAccessKeyId ***; the server said *** ***; "
         "key *** *** ***"
     )
-    # ordinary text passes unchanged; short values are never remembered as secrets
-    redact.remember(["http://a:b@h/"])
-    assert redact.scrub("a b h") == "a b h"
+    # ordinary text passes unchanged: short values and user names are never remembered
+    redact.remember(["http://user:pass@h/", "http://username:passwordlong@h/"])
+    assert redact.scrub("a user passes, username") == "a user passes, username"
+    assert redact.scrub("said passwordlong") == "said ***"
 
 
 def test_report_writers_mask_what_they_write(tmp_path):
