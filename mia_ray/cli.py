@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -266,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         where = _write_error_log(argv, create=True)
         print(redact.scrub(f"mia-ray: failed: {describe_failure(e)}{where}"), file=sys.stderr)
         return 1
+    finally:
+        # A pass that failed leaves its Ray Data executor in reference cycles (with the
+        # exception's frames), and its actor pool holds its CPUs until they are collected:
+        # in a process that runs on (tests, a notebook) the next run could wait forever for
+        # them. Collected here, they are released at once.
+        gc.collect()
 
 
 def _write_error_log(argv: list[str] | None, create: bool) -> str:

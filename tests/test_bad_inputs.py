@@ -464,3 +464,19 @@ def test_bad_input(row: Bad, model, tmp_path, capsys, monkeypatch):
         assert not out.exists(), "a config error must stop before --out is created"
     if row.check:
         row.check(out)
+    if row.ray:
+        _every_cpu_free_again()
+
+
+def _every_cpu_free_again(wait_s: float = 30) -> None:
+    """A failed run holds no CPU of the session's Ray (its actors are gone): the next run in
+    this process (a test, a notebook cell) must not wait for them forever."""
+    import time
+
+    import ray
+
+    total = ray.cluster_resources().get("CPU", 0)
+    t0 = time.monotonic()
+    while ray.available_resources().get("CPU", 0) < total and time.monotonic() - t0 < wait_s:
+        time.sleep(0.5)
+    assert ray.available_resources().get("CPU", 0) == total, ray.available_resources()
