@@ -154,8 +154,6 @@ def _run_pipeline(args: argparse.Namespace) -> int:
         return 0
     # before Ray starts (20-45 s) and before --out exists
     check_inputs_exist(getattr(cfg, "input_paths", dict)())
-    if spec.preflight is not None:
-        spec.preflight(cfg)
     out = Path(args.out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise MiaError(f"--out {args.out} exists and is not a directory")

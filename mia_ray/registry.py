@@ -60,10 +60,6 @@ class Pipeline:
     # ``resolve(cfg) -> cfg``: the config as it will run (the demo world's paths filled in),
     # a new config; the CLI writes it as the run's config.yaml. ``run`` resolves it too.
     resolve: Callable[[Any], Any] | None = None
-    # ``preflight(cfg)``: checks that need neither Ray nor a model's weights (a model's config
-    # and tokenizer, lengths against its window); the CLI runs them before Ray starts, so bad
-    # input fails in seconds. ``run`` checks the same (cheaply: the checks are cached).
-    preflight: Callable[[Any], None] | None = None
 
 
 def pipeline(
@@ -72,11 +68,9 @@ def pipeline(
     help: str,
     flags: tuple[tuple[str, str, str], ...] = (),
     resolve: Callable[[Any], Any] | None = None,
-    preflight: Callable[[Any], None] | None = None,
 ) -> Callable[[Any], Any]:
     def deco(fn: Callable[[Any, Any], dict]) -> Callable[[Any, Any], dict]:
-        spec = Pipeline(name, config_cls, fn, help, flags, resolve, preflight)
-        register("pipeline", name)(spec)
+        register("pipeline", name)(Pipeline(name, config_cls, fn, help, flags, resolve))
         return fn
 
     return deco

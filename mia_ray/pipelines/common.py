@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,6 @@ def resolve_world(cfg):
     return cfg
 
 
-@lru_cache(maxsize=32)  # the CLI's preflight and the run check the same models
 def check_model_early(
     name: str, what: str, revision: str = "", trust_remote_code: bool = False, gguf_file: str = ""
 ) -> int:

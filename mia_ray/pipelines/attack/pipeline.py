@@ -28,34 +28,21 @@ def resolve(cfg: AttackJobConfig) -> AttackJobConfig:
     return cfg
 
 
-def check_models(cfg: AttackJobConfig) -> None:
-    """The target (and the reference) load, and SaMIA's samples fit the target's window."""
-    check_target_early(cfg.model, cfg.attack)
-    if "ref" in cfg.attack.attacks:
-        check_model_early(cfg.model.reference, "model.reference")
-
-
-def preflight(cfg: AttackJobConfig) -> None:
-    """:func:`check_models` before Ray starts, for models given by the user (the demo
-    world's are built later)."""
-    if not cfg.world.target:
-        check_models(cfg)
-
-
 @pipeline(
     "attack",
     AttackJobConfig,
     help="membership attacks: LOSS, zlib, Min-K%, Min-K%++, lowercase, reference, ReCaLL, "
     "Con-ReCall, DC-PDD, PAC, neighbourhood, gradient norm",
     resolve=resolve,
-    preflight=preflight,
 )
 def run(cfg: AttackJobConfig, out: Path) -> dict:
     from mia_ray.reports.html import render_attack_report
     from mia_ray.reports.io import write_json, write_parquet
 
     cfg = resolve(cfg)
-    check_models(cfg)
+    check_target_early(cfg.model, cfg.attack)
+    if "ref" in cfg.attack.attacks:
+        check_model_early(cfg.model.reference, "model.reference")
     snip_scores, doc_scores, ctx = score_attacks(cfg, out)
     write_parquet(out / "snippet_scores.parquet", snip_scores)
     write_parquet(out / "document_scores.parquet", doc_scores)

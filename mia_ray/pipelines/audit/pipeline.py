@@ -26,20 +26,6 @@ FLAGS = (
 )
 
 
-def check_models(cfg: AuditJobConfig) -> None:
-    """The target (and the reference) load, and SaMIA's samples fit the target's window."""
-    check_target_early(cfg.model, cfg.audit.attack_config(bool(cfg.model.reference)), "audit")
-    if cfg.model.reference:
-        check_model_early(cfg.model.reference, "model.reference")
-
-
-def preflight(cfg: AuditJobConfig) -> None:
-    """:func:`check_models` before Ray starts, for models given by the user (the demo
-    world's are built later)."""
-    if not cfg.world.target:
-        check_models(cfg)
-
-
 @pipeline(
     "audit",
     AuditJobConfig,
@@ -47,7 +33,6 @@ def preflight(cfg: AuditJobConfig) -> None:
     "under false-discovery control",
     flags=FLAGS,
     resolve=resolve_world,
-    preflight=preflight,
 )
 def run(cfg: AuditJobConfig, out: Path) -> dict:
     from mia_ray.pipelines.attack import score_attacks
@@ -57,7 +42,9 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
     cfg = resolve_world(cfg)
     a = cfg.audit
     methods = method_configs(cfg)  # every requested method's config checks out before any work
-    check_models(cfg)
+    check_target_early(cfg.model, a.attack_config(bool(cfg.model.reference)), "audit")
+    if cfg.model.reference:
+        check_model_early(cfg.model.reference, "model.reference")
     files, snippets, truth, calib, inputs = prepare_files(cfg)
     side = dict(zip(files["doc_id"], files["side"], strict=True))
     attack = a.attack_config(bool(cfg.model.reference))
