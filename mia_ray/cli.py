@@ -194,9 +194,6 @@ def _run_locked(spec, cfg, out: Path) -> int:
     return 0
 
 
-LOCK = ".mia-ray.lock"
-
-
 @contextlib.contextmanager
 def _run_folder_lock(out: Path):
     """Hold ``out/.mia-ray.lock`` while the run lasts, or refuse: two runs in one folder
@@ -204,7 +201,9 @@ def _run_folder_lock(out: Path):
     process, so a killed run never leaves a stale lock behind."""
     import fcntl
 
-    with open(out / LOCK, "a+") as f:
+    from mia_ray.storage import RUN_LOCK
+
+    with open(out / RUN_LOCK, "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

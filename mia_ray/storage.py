@@ -396,13 +396,14 @@ class Workspace:
 
 # The driver's alone: a run's report files, its log and the run it set aside. Storage holds
 # work to resume, never a report that a new run's folder could mistake for its own.
+RUN_LOCK = ".mia-ray.lock"  # held by a run in its --out (cli.py); never pushed
 DRIVER_ONLY = (
     "report.json",
     "report.html",
     "config.yaml",
     "error.log",
     "previous",
-    ".mia-ray.lock",
+    RUN_LOCK,
 )
 
 
