@@ -71,23 +71,28 @@ def file_matrix(unit_files: Sequence[str], X, files: Sequence[str]) -> np.ndarra
 
 
 def text_matrix(
-    unit_files: Sequence[str], texts: Sequence[str], files: Sequence[str], dims: int = 64
+    unit_files: Sequence[str],
+    texts: Sequence[str],
+    files: Sequence[str],
+    dims: int = 64,
+    vectorizer=None,
 ) -> np.ndarray:
-    """The blind check's rows: tf-idf of word 1-2 grams over the snippets, averaged per file and
-    reduced to at most ``dims`` components by a truncated SVD (n_files, k), centred and scaled
-    as a whole (mean squared row norm 1). The components keep their relative variance, so the
-    ridge shrinks the minor ones most, as it would on the tf-idf itself; standardizing each
-    would blow up noise directions (measured: web leads vs play scenes, held-out AUC 0.76
-    standardized, 1.0 not)."""
+    """The blind check's rows: tf-idf of word 1-2 grams (lowercased; or ``vectorizer``'s
+    terms) over the snippets, averaged per file and reduced to at most ``dims`` components by
+    a truncated SVD (n_files, k), centred and scaled as a whole (mean squared row norm 1).
+    The components keep their relative variance, so the ridge shrinks the minor ones most,
+    as it would on the tf-idf itself; standardizing each would blow up noise directions
+    (measured: web leads vs play scenes, held-out AUC 0.76 standardized, 1.0 not)."""
     from sklearn.decomposition import TruncatedSVD
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     idx, keep = _file_index(unit_files, files)
     kept = [t for t, k in zip(texts, keep, strict=True) if k]
+    if vectorizer is None:
+        vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, max_features=20000)
     try:
-        tfidf = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, max_features=20000)
-        M = tfidf.fit_transform(kept)
-    except ValueError:  # no word of two letters or more anywhere: nothing to tell apart
+        M = vectorizer.fit_transform(kept)
+    except ValueError:  # no term anywhere (no word of two letters or more): nothing to tell apart
         return np.zeros((len(files), 1))
     import scipy.sparse as sp
 
@@ -104,6 +109,12 @@ def text_matrix(
     Z = Z - Z.mean(axis=0)
     norm = np.sqrt((Z**2).sum(axis=1).mean())
     return Z / norm if norm > 0 else Z
+
+
+def file_means(unit_files: Sequence[str], X, files: Sequence[str]) -> np.ndarray:
+    """Each file's mean row of ``X`` (n_snippets, d), in the order of ``files`` (unscaled)."""
+    idx, keep = _file_index(unit_files, files)
+    return _file_means(idx, np.asarray(X, dtype=np.float64)[keep], len(files))
 
 
 def _file_index(unit_files, files) -> tuple[np.ndarray, np.ndarray]:
@@ -272,6 +283,10 @@ class Design:
         self.start = np.array([r.integers(0, 2, size=2) for r in rngs])
         check_sides(self.side)
 
+    def with_features(self, F: np.ndarray, nonneg: bool) -> Design:
+        """The same files, groups, sides and rounds with other rows ``F`` (n, k)."""
+        return Design(F, self.group, self.side, self.seeds, self.C, nonneg)
+
 
 @dataclass
 class Round:
@@ -345,23 +360,29 @@ def check_permutations(key: str, permutations: int, alpha: float) -> None:
         )
 
 
-def permutation_test(design: Design, permutations: int, seed: int, alpha: float) -> dict:
-    """The cross-fit's statistic for the observed sides against ``permutations`` random
-    permutations of the groups' sides (seeded): ``{statistic, p_value, mc_error, permutations,
-    null_mean, null_sd, reject, alpha}``. ``mc_error`` is the Monte Carlo standard error of p
-    as an estimate of the exact permutation p-value; p itself is exactly valid. Permutations
-    are drawn and fitted :data:`CHUNK` at a time (memory stays bounded), and a test that
-    takes longer than a few seconds logs its progress and the time left."""
+def null_statistics(designs: Sequence[Design], permutations: int, seed: int) -> list[np.ndarray]:
+    """Each design's statistic (permutations + 1,) for the observed sides (row 0) and for the
+    same ``permutations`` random permutations of the groups' sides (seeded); the designs must
+    share their groups and sides. Permutations are drawn and fitted :data:`CHUNK` at a time
+    (memory stays bounded), and a run that takes longer than a few seconds logs its progress
+    and the time left."""
     if permutations < 1:
         raise MiaError(f"the permutation test needs at least 1 permutation, not {permutations}")
+    first = designs[0]
+    for d in designs[1:]:
+        if not (np.array_equal(d.side, first.side) and np.array_equal(d.group, first.group)):
+            raise MiaError("tests that share permutations need the same groups and sides")
     rng = np.random.default_rng([0x9E57, int(seed)])
-    rows = [design.side]  # the observed sides first, then the permutations, in chunks
-    T, done = [], 0
+    rows = [first.side]  # the observed sides first, then the permutations, in chunks
+    T: list[list[np.ndarray]] = [[] for _ in designs]
+    done = 0
     start = last = time.monotonic()
     while done < permutations:
         take = min(CHUNK - len(rows), permutations - done)
-        rows += [rng.permutation(design.side) for _ in range(take)]
-        T.append(_statistics(design, np.array(rows))[0])
+        rows += [rng.permutation(first.side) for _ in range(take)]
+        block = np.array(rows)
+        for k, d in enumerate(designs):
+            T[k].append(_statistics(d, block)[0])
         done, rows = done + take, []
         now = time.monotonic()
         if now - last > PROGRESS_EVERY_S and done < permutations:
@@ -369,13 +390,20 @@ def permutation_test(design: Design, permutations: int, seed: int, alpha: float)
             log(f"permutation test: {done:,} of {permutations:,} permutations, about "
                 f"{left:.0f} s left")  # fmt: skip
             last = now
-    T = np.concatenate(T)
-    t_obs, t_perm = T[0], T[1:]
-    # A permutation at least as extreme counts against; equal up to rounding is equal.
-    n_ge = int((t_perm >= t_obs - 1e-12).sum())
-    p = (1 + n_ge) / (permutations + 1)
+    return [np.concatenate(t) for t in T]
+
+
+def _at_least(T: np.ndarray) -> np.ndarray:
+    """For each row of T (B + 1,), the share of rows with a statistic at least as high (equal
+    up to rounding is equal): row 0's is the permutation p-value, each row's its own."""
+    ordered = np.sort(T)
+    return (T.size - np.searchsorted(ordered, T - 1e-12, side="left")) / T.size
+
+
+def _summary(T: np.ndarray, p: float, permutations: int, alpha: float) -> dict:
+    t_perm = T[1:]
     return {
-        "statistic": float(t_obs),
+        "statistic": float(T[0]),
         "p_value": p,
         "mc_error": math.sqrt(p * (1 - p) / permutations),
         "permutations": int(permutations),
@@ -384,6 +412,46 @@ def permutation_test(design: Design, permutations: int, seed: int, alpha: float)
         "alpha": alpha,
         "reject": bool(p <= alpha),
     }
+
+
+def permutation_test(design: Design, permutations: int, seed: int, alpha: float) -> dict:
+    """The cross-fit's statistic for the observed sides against ``permutations`` random
+    permutations of the groups' sides (seeded): ``{statistic, p_value, mc_error, permutations,
+    null_mean, null_sd, reject, alpha}``, p = (1 + #{T_perm >= T_obs}) / (permutations + 1).
+    ``mc_error`` is the Monte Carlo standard error of p as an estimate of the exact
+    permutation p-value; p itself is exactly valid."""
+    (T,) = null_statistics([design], permutations, seed)
+    return _summary(T, float(_at_least(T)[0]), permutations, alpha)
+
+
+def joint_permutation_test(
+    designs: dict[str, Design], permutations: int, seed: int, alpha: float
+) -> dict:
+    """One test of several designs on the same groups (feature sets of the same files): the
+    statistic is the smallest of their permutation p-values, referred to its own permutation
+    distribution over the same permutations (min-p, Westfall & Young 1993), so the joint p is
+    exactly valid under H0 whatever the designs' dependence, and each design's ``adjusted``
+    p-value (single-step min-p) says which of them separates the sets, at the same level.
+    Returns the joint summary (``statistic`` = the smallest marginal p) and ``parts``: per
+    design its held-out AUC, marginal and adjusted p-values."""
+    names = list(designs)
+    T = null_statistics([designs[n] for n in names], permutations, seed)
+    P = np.array([_at_least(t) for t in T])  # (designs, B + 1): each row's own p-values
+    minp = P.min(axis=0)
+    joint = float(np.mean(minp <= minp[0] + 1e-12))
+    out = _summary(-minp, joint, permutations, alpha)
+    out["statistic"] = float(minp[0])
+    out.pop("null_mean"), out.pop("null_sd")
+    out["parts"] = {
+        n: {
+            "statistic": float(T[k][0]),
+            "p_value": float(P[k, 0]),
+            "adjusted_p_value": float(np.mean(minp <= P[k, 0] + 1e-12)),
+            "reject": bool(np.mean(minp <= P[k, 0] + 1e-12) <= alpha),
+        }
+        for k, n in enumerate(names)
+    }
+    return out
 
 
 def effect_size(design: Design, rounds: Sequence[Round]) -> float:

@@ -23,40 +23,63 @@ from mia_ray.reports.io import write_text
 HOW_TO_READ = (
     "The question: did the model train on the suspected files? The dataset test asks whether "
     "the model scores the suspected files as more trained-on than files it surely never saw; "
-    "a small p-value is evidence of training. Two checks stand beside it: the same test on "
-    "two random halves of the unseen files (a test of the machinery: it rejects at its level "
-    "by chance, and tells nothing about the files), and on the files' words alone with no "
-    "model (if that rejects, the two sets differ in kind, and no file is called trained). "
-    "Each suspected file then gets a p-value, and the files flagged 'trained' are chosen so "
-    "that on average at most the stated share of them are false discoveries."
+    "a small p-value is evidence of training only on a premise: that the two sets differ by "
+    "training alone. Checks of that premise stand beside it: the blind check reads the "
+    "files' text with no model (their words, their characters with case kept, and surface "
+    "statistics such as repetition, casing and layout), and with a reference model the "
+    "reference check runs the dataset test on a model that never saw the files. If either "
+    "rejects, the sets differ in kind and no file is called trained. A check can falsify "
+    "the premise, never prove it: the Premise section says what each one sees and what none "
+    "could. The null check (two random halves of the unseen files) tests the machinery only. "
+    "Each suspected file then gets a p-value, and the files flagged are chosen so that on "
+    "average at most the stated share of them are false discoveries."
 )
 
 
 def _check_rows(r: Mapping[str, Any]) -> list[list[str]]:
     rows = []
+    blind = r.get("blind_check") or {}
     for key, label in (
         ("dataset_test", "dataset test: suspected vs unseen"),
         ("null_check", "null check: unseen vs unseen (rejects only by chance)"),
-        ("blind_check", "blind check: words only, no model (must not reject)"),
-    ):
+        ("blind_check", "blind check: the text alone, no model (must not reject)"),
+        *[(f"blind:{n}", f"  · {n} (adjusted p)") for n in blind.get("parts", {})],
+        ("reference_check", "reference check: a model that never saw the files (must not "
+                            "reject)"),
+    ):  # fmt: skip
+        if key.startswith("blind:"):
+            t = blind["parts"][key[6:]]
+            rows.append([label, f"{t['adjusted_p_value']:.3g}", fmt_num(t["statistic"], 3),
+                         "rejects" if t["reject"] else "does not reject"])  # fmt: skip
+            continue
         t = r.get(key)
         if t:
+            stat = "-" if key == "blind_check" else fmt_num(t.get("statistic"), 3)
             rows.append(
                 [
                     label,
                     f"{t['p_value']:.3g} ± {t['mc_error']:.1g}",
-                    fmt_num(t.get("statistic"), 3),
+                    stat,
                     "rejects" if t["reject"] else "does not reject",
                 ]
             )
     return rows
 
 
+def _premise_rows(prem: Mapping[str, Any]) -> list[list[str]]:
+    return [
+        [c["name"], c["sees"],
+         fmt_num(c.get("p_value"), 3) if c["ran"] else f"did not run: {c['why_not']}",
+         ("rejects" if c["reject"] else "does not reject") if c["ran"] else "-"]
+        for c in prem["checks"]
+    ]  # fmt: skip
+
+
 def _score_figure(r: Mapping[str, Any]) -> bytes:
     import numpy as np
 
     sus = np.array([f["score"] for f in r["files"]])
-    flagged = np.array([f["verdict"] == "trained" for f in r["files"]])
+    flagged = np.array([f["flagged"] for f in r["files"]], dtype=bool)
     uns = np.array([f["score"] for f in r.get("unseen_files", [])])
     pv = np.array([f["p_value"] for f in r["files"]])
     fig, (ax1, ax2) = new_figure(10, 3.6, ncols=2)
@@ -110,6 +133,21 @@ def render_audit_report(report: Mapping[str, Any], out_path: str | os.PathLike) 
             ),
         ),
     ]
+    prem = r.get("premise")
+    if prem:
+        contrasts = (r.get("blind_check") or {}).get("contrasts") or []
+        body = paragraph(f"Premise: {prem['statement']}. Kind of proof: {prem['kind']}.")
+        body += table_html(_premise_rows(prem), ["check", "what it sees", "p-value", "outcome"])
+        body += paragraph("Not ruled out: " + "; ".join(prem["not_ruled_out"]) + ".")
+        if contrasts:
+            body += table_html(
+                [[c["feature"], c["cohens_d"], c["suspected_mean"], c["unseen_mean"]]
+                 for c in contrasts],
+                ["surface statistic", "Cohen's d (suspected - unseen)", "suspected mean",
+                 "unseen mean"],
+                caption="The surface statistics whose file means differ most between the sets.",
+            )  # fmt: skip
+        sections.append(("Premise", body))
     if r.get("truth"):
         sections.append(("Against known labels", definition_list(r["truth"])))
     sections.append(("Scores and p-values", img_html(_score_figure(r), "score distributions")))
@@ -125,7 +163,7 @@ def render_audit_report(report: Mapping[str, Any], out_path: str | os.PathLike) 
             table_html(
                 [[f.get(c) for c in cols] for f in r["files"]],
                 cols,
-                highlight=[i for i, f in enumerate(r["files"]) if f["verdict"] == "trained"],
+                highlight=[i for i, f in enumerate(r["files"]) if f["flagged"]],
                 caption="q_value: the adjusted p-value of the step-up rule; a file is flagged "
                 "when it is at most the FDR level"
                 + (f". No verdicts: {pf['withheld']}." if pf.get("withheld") else "."),

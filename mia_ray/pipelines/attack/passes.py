@@ -184,7 +184,7 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         clock[0] = now
 
     def pool(rows, name: str, fp, **kw) -> pd.DataFrame:
-        log(f"pass {name}: {len(rows)} rows through the target")
+        log(f"pass {name}: {len(rows)} rows through {cfg.model.name_or_path}")
         return score_pool(rows, cfg.model, cfg.resources, cfg.model.name_or_path, "", False,
                           kw.pop("full", False), rows_dir / name, fp, **kw)  # fmt: skip
 

@@ -56,6 +56,7 @@ def score_attacks(
     labels: dict[str, int] | None = None,
     snippets: pd.DataFrame | None = None,
     prefixes: dict[str, str] | None = None,
+    reference_features: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Snippet-level and document-level attack scores; also returns the labels and timings.
 
@@ -63,6 +64,11 @@ def score_attacks(
     ``cfg.data`` unless given; ``snippets`` (snippet_id, doc_id, text), when given, are scored
     as they are instead of the snippets ``cfg.data`` cuts from ``docs``; ``prefixes``, when
     given, are ReCaLL's and Con-ReCall's (else made from ``cfg.attack.recall``).
+
+    ``reference_features``: the reference model's own scores for the same attacks on the same
+    snippets too (``ctx["reference_scores"]``: snippet_id and one column per score, under the
+    target's names; :func:`reference_job` says which attacks), every pass of it a resumable
+    stage under ``out/reference``; its plain pass gives the ``ref`` attack its losses.
     """
     from mia_ray.features.attacks import passes_of
     from mia_ray.pipelines.attack.passes import recall_prefixes, run_passes
@@ -97,7 +103,18 @@ def score_attacks(
     )
     scored = snip_meta[["snippet_id", "text"]]
     t1 = time.time()
-    merged, seconds = _forward_passes(cfg, snip_meta, out / "rows", fp_snip)
+    ref_scores, ref_loss, ref_seconds = None, None, {}
+    if reference_features:
+        rcfg = reference_job(cfg)
+        log(f"the reference {cfg.model.reference} scores the same snippets with the same attacks")
+        rmerged, ref_seconds = _forward_passes(rcfg, snip_meta, out / "reference" / "rows", fp_snip)
+        rextra = run_passes(rcfg, passes_of(rcfg.attack.attacks), rmerged, out / "reference",
+                            fp_snip, prefixes, ref_seconds)  # fmt: skip
+        rs, _, rcols = _score_frames(rcfg, rmerged, rextra, labels)
+        ref_scores = rs[["snippet_id", *rcols]]
+        ref_loss = rmerged[["snippet_id", "loss"]].rename(columns={"loss": "ref_loss"})
+    merged, seconds = _forward_passes(cfg, snip_meta, out / "rows", fp_snip, ref_loss)
+    seconds.update({f"reference {k}": v for k, v in ref_seconds.items()})
     extra = run_passes(cfg, need, merged, out, fp_snip, prefixes, seconds)
     t_score = time.time() - t1
     snip_scores, doc_scores, score_cols = _score_frames(cfg, merged, extra, labels)
@@ -123,8 +140,22 @@ def score_attacks(
             "pass_seconds": seconds,
             "held_out": held,
             "prefixes": prefixes,
+            "reference_scores": ref_scores,
         },
     )
+
+
+def reference_job(cfg: AttackJobConfig) -> AttackJobConfig:
+    """``cfg`` with the reference as its model and the attacks the reference can score as a
+    target would: all but ``ref`` (itself) and SaMIA (its samples may come from an API or a
+    server of the target)."""
+    import copy
+
+    rcfg = copy.deepcopy(cfg)
+    m = rcfg.model
+    m.name_or_path, m.revision, m.gguf_file, m.reference = m.reference, "", "", ""
+    rcfg.attack.attacks = [a for a in cfg.attack.attacks if a not in ("ref", "samia")]
+    return rcfg
 
 
 def _snippets_of_job(cfg: AttackJobConfig, docs, labels, snippets):
@@ -144,9 +175,11 @@ def _snippets_of_job(cfg: AttackJobConfig, docs, labels, snippets):
     return docs, labels, snip_meta
 
 
-def _forward_passes(cfg: AttackJobConfig, snip_meta: pd.DataFrame, rows_dir: Path, fp_snip):
+def _forward_passes(cfg: AttackJobConfig, snip_meta: pd.DataFrame, rows_dir: Path, fp_snip,
+                    ref_loss: pd.DataFrame | None = None):  # fmt: skip
     """The target's pass (with the lowercase one when asked) and the reference's, merged
-    with the snippets; also the seconds of each."""
+    with the snippets; also the seconds of each. ``ref_loss`` (snippet_id, ref_loss): the
+    reference's losses from its own full pass, used instead of a pass of its own."""
     attacks = cfg.attack.attacks
     scored = snip_meta[["snippet_id", "text"]]
     t1 = time.time()
@@ -164,7 +197,9 @@ def _forward_passes(cfg: AttackJobConfig, snip_meta: pd.DataFrame, rows_dir: Pat
     )
     seconds = {"target": round(time.time() - t1, 2)}  # with the lowercase pass, when asked
     merged = snip_meta.merge(tgt, on="snippet_id", how="inner", validate="one_to_one")
-    if "ref" in attacks:
+    if "ref" in attacks and ref_loss is not None:
+        merged = merged.merge(ref_loss, on="snippet_id", how="inner", validate="one_to_one")
+    elif "ref" in attacks:
         log(f"scoring with reference {cfg.model.reference}")
         ref = score_pool(
             scored,

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from mia_ray.pipelines.audit.config import AuditJobConfig
-from mia_ray.pipelines.audit.report import GUARANTEE, SCHEME, notes, verdict
+from mia_ray.pipelines.audit.report import GUARANTEE, SCHEME, notes, premise, verdict
 from mia_ray.pipelines.common import log
 
 
@@ -38,17 +38,18 @@ def analyse(
     truth: dict[str, int],
     calib: dict,
     inputs: dict | None = None,
+    reference: pd.DataFrame | None = None,
 ) -> dict:
     """The statistics of an audit from its snippet rows (doc_id, text, feature columns) and its
-    files (doc_id, side, source)."""
+    files (doc_id, side, source); ``reference``: the reference model's scores of the same
+    snippets (snippet_id and the feature columns but ``ref``), for the reference check."""
     from mia_ray.detectors.dataset_inference import (
         audit,
         effect_size,
         file_matrix,
         null_check,
-        permutation_test,
-        text_matrix,
     )
+    from mia_ray.detectors.premise import blind_check
 
     a = cfg.audit
     files = files.sort_values("doc_id").reset_index(drop=True)
@@ -104,27 +105,36 @@ def analyse(
         null = null_check(design, a.permutations, a.seed, a.alpha)
         report["null_check"] = _check_summary(null)
     if a.blind_check:
-        log("blind check: the same test on the snippets' words alone (no model), weights free")
-        T = text_matrix(units, snip["text"].tolist(), ids)
-        blind = permutation_test(design_of(files, T, cfg, False), a.permutations, a.seed, a.alpha)
+        log("blind check: the same test on the snippets' words, characters and surface "
+            "statistics (no model), weights free")  # fmt: skip
+        blind = blind_check(design, units, snip["text"].tolist(), ids, a.permutations, a.seed,
+                            a.alpha)  # fmt: skip
         report["blind_check"] = {
-            "method": "tf-idf word 1-2 grams per file, truncated SVD, ridge discriminant with "
-            "free weights (two-sided in effect), same cross-fitting and permutation test",
+            "method": "three views of the snippets' text per file (word 1-2 grams lowercased, "
+            "character 1-4 grams case kept, 13 surface statistics), each through the same "
+            "cross-fit with free weights (two-sided in effect); one min-p permutation test "
+            "over the three, on the same permutations, so the check's level is alpha",
             **_check_summary(blind),
+            "parts": blind["parts"],
+            "contrasts": blind["contrasts"],
         }
-    blind_rejects = bool(report.get("blind_check", {}).get("reject"))
-    rows = _file_rows(files, got, score, snip.groupby("doc_id").size(), truth, blind_rejects)
+    if reference is not None:
+        report["reference_check"] = _reference_check(cfg, snip, reference, features, design)
+    withheld = [k for k in ("blind_check", "reference_check") if report.get(k, {}).get("reject")]
+    tested = a.blind_check and "reference_check" in report
+    rows = _file_rows(files, got, score, snip.groupby("doc_id").size(), truth, withheld, tested)
     report["per_file"] = {
         "fdr": a.fdr,
         "method": a.fdr_method,
         "scheme": SCHEME,
         "guarantee": GUARANTEE[a.fdr_method],
         **calib,
-        "n_flagged": sum(1 for r in rows if r["verdict"] == "trained"),
+        "n_flagged": sum(1 for r in rows if r["flagged"]),
         "withheld": (
-            "the blind check rejects: suspected and unseen files differ in kind, so no "
-            "file's p-value can be read as evidence of training"
-            if blind_rejects
+            f"the {' and the '.join(k.replace('_', ' ') for k in withheld)} reject"
+            f"{'s' if len(withheld) == 1 else ''}: suspected and unseen files differ in kind, "
+            "so no file's p-value can be read as evidence of training"
+            if withheld
             else None
         ),
     }
@@ -140,18 +150,49 @@ def analyse(
     ]
     if truth:
         report["truth"] = _truth_summary(rows)
+    report["premise"] = premise(report)
     report["verdict"] = verdict(report)
     report["notes"] = notes(cfg, report)
     return report
 
 
-def _file_rows(files, got: dict, score, n_snip, truth: dict, blind_rejects: bool) -> list[dict]:
-    """One row per suspected file, sorted by p-value; no file is "trained" when the blind
-    check rejects (its p-value is then no more valid than the dataset test)."""
+def _reference_check(cfg, snip: pd.DataFrame, reference: pd.DataFrame, features, design) -> dict:
+    """The dataset test (weights >= 0) on the reference model's own scores of the snippets."""
+    from mia_ray.detectors.dataset_inference import file_matrix, permutation_test
+    from mia_ray.detectors.premise import REFERENCE_SEES
+
+    a = cfg.audit
+    cols = [c for c in features if c in reference.columns]
+    log(f"reference check: the dataset test on {cfg.model.reference}'s own scores "
+        f"({len(cols)} features), a model that never saw the files")  # fmt: skip
+    rows = snip[["snippet_id", "doc_id"]].merge(reference, on="snippet_id", how="left",
+                                                validate="one_to_one")  # fmt: skip
+    ids = sorted(set(snip["doc_id"]))
+    F = file_matrix(rows["doc_id"].to_numpy(), rows[cols].to_numpy(dtype=np.float64), ids)
+    got = permutation_test(design.with_features(F, nonneg=True), a.permutations, a.seed, a.alpha)
+    return {
+        "model": cfg.model.reference,
+        "features": cols,
+        "sees": REFERENCE_SEES,
+        "method": "the dataset test itself (weights >= 0, same cross-fit and permutations) on "
+        "the reference model's scores of the same snippets with the same attacks",
+        **_check_summary(got),
+    }
+
+
+FLAGGED_UNTESTED = "flagged, premise partly untested"
+
+
+def _file_rows(files, got: dict, score, n_snip, truth: dict, withheld: list[str],
+               tested: bool) -> list[dict]:  # fmt: skip
+    """One row per suspected file, sorted by p-value. No file is flagged when a check of the
+    premise rejects (its p-value is then no more valid than the dataset test); a flagged file
+    is "trained" when every check ran (blind and reference), else :data:`FLAGGED_UNTESTED`."""
     rows = []
     for j, i in enumerate(got["suspected"]):
         doc = files["doc_id"][i]
-        verdict = "trained" if got["flagged"][j] else "not flagged"
+        flagged = bool(got["flagged"][j]) and not withheld
+        verdict = ("trained" if tested else FLAGGED_UNTESTED) if flagged else "not flagged"
         rows.append(
             {
                 "file_id": doc.split("/", 1)[1],
@@ -159,7 +200,10 @@ def _file_rows(files, got: dict, score, n_snip, truth: dict, blind_rejects: bool
                 "score": float(score[i]),
                 "p_value": float(got["pvalues"][i][0]),
                 "q_value": float(got["adjusted"][j]),
-                "verdict": "no verdict: blind check rejects" if blind_rejects else verdict,
+                "flagged": flagged,
+                "verdict": (
+                    f"no verdict: {withheld[0].replace('_', ' ')} rejects" if withheld else verdict
+                ),
                 "n_calibration": got["pvalues"][i][1],
                 "n_snippets": int(n_snip[doc]),
                 **({"truth": truth[doc]} if doc in truth else {}),
@@ -170,13 +214,13 @@ def _file_rows(files, got: dict, score, n_snip, truth: dict, blind_rejects: bool
 
 def _truth_summary(rows: list[dict]) -> dict:
     mem = [r for r in rows if r.get("truth") == 1]
-    hit = [r for r in rows if r["verdict"] == "trained"]
+    hit = [r for r in rows if r["flagged"]]
     return {
         "n_members": len(mem),
         "n_nonmembers": sum(1 for r in rows if r.get("truth") == 0),
-        "members_flagged": sum(1 for r in mem if r["verdict"] == "trained"),
+        "members_flagged": sum(1 for r in mem if r["flagged"]),
         "nonmembers_flagged": sum(1 for r in hit if r.get("truth") == 0),
-        "tpr": (sum(1 for r in mem if r["verdict"] == "trained") / len(mem)) if mem else None,
+        "tpr": (sum(1 for r in mem if r["flagged"]) / len(mem)) if mem else None,
         "fdp": (sum(1 for r in hit if r.get("truth") == 0) / len(hit)) if hit else 0.0,
     }
 

@@ -68,7 +68,11 @@ class AuditConfig:
     neighbourhood: NeighbourhoodConfig = field(default_factory=NeighbourhoodConfig)
     samia: SamiaConfig = field(default_factory=SamiaConfig)
     C: float = 1.0  # inverse ridge strength of the discriminant on standardized file features
+    # the premise's checks: the blind check reads the snippets' text (words, characters,
+    # surface statistics); the reference check runs the dataset test on model.reference's own
+    # scores of the same snippets (when a reference is given)
     blind_check: bool = True
+    reference_check: bool = True
     null_check: bool = True
     # more evidence, each by its own pipeline into --out/<name>: copycheck | memhunter | leakage
     methods: list[str] = field(default_factory=list)

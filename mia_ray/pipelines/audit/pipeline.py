@@ -50,14 +50,22 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
     attack = a.attack_config(bool(cfg.model.reference))
     attacks = attack.attacks
     acfg = AttackJobConfig(data=cfg.data, model=cfg.model, resources=cfg.resources, attack=attack)
+    with_ref_check = bool(cfg.model.reference) and a.reference_check
     snip, _, ctx = score_attacks(
-        acfg, out, labels=side, snippets=snippets, prefixes=inputs.pop("prefixes")
+        acfg,
+        out,
+        labels=side,
+        snippets=snippets,
+        prefixes=inputs.pop("prefixes"),
+        reference_features=with_ref_check,
     )
     t_score = time.time() - t0
     features = feature_columns(snip, attacks)
     texts = ctx["snippets"].set_index("snippet_id")["text"]
     snip["text"] = snip["snippet_id"].map(texts)
-    report = analyse(cfg, snip, features, files, truth, calib, inputs)
+    report = analyse(
+        cfg, snip, features, files, truth, calib, inputs, reference=ctx["reference_scores"]
+    )
     if methods:
         report["methods"] = run_methods(cfg, out, methods, ctx["target_rows"])
         merge_copycheck(report)

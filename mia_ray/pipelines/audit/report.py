@@ -31,49 +31,187 @@ GUARANTEE = {
 }
 
 
+PREMISE = (
+    "suspected and unseen files differ only by training: had the model trained on neither, "
+    "it would score them alike (their sources' sides are exchangeable)"
+)
+PREMISE_KIND = (
+    "exact if the premise holds: the dataset test's p-value and the per-file p-values are "
+    "exact when suspected and unseen sources are exchangeable, and the checks below can "
+    "falsify that premise, never prove it (a randomized design, where the owner chose at "
+    "random which files to expose, would make it true by construction)"
+)
+
+
+def premise(r: dict) -> dict:
+    """What the verdict rests on: the premise, each check of it (ran or not, what it sees, its
+    p-value) and what no check that ran could see. The null check is not among them: its
+    sides are a random split, so it tests the machinery, never the premise."""
+    from mia_ray.detectors.premise import BLIND_PARTS, REFERENCE_SEES, UNSEEN_WITHOUT_REFERENCE
+
+    blind, ref = r.get("blind_check"), r.get("reference_check")
+    checks = [
+        {
+            "name": "blind check",
+            "ran": blind is not None,
+            "sees": "; ".join(f"{k}: {v}" for k, v in BLIND_PARTS.items()),
+            **({"p_value": blind["p_value"], "reject": blind["reject"]} if blind else
+               {"why_not": "audit.blind_check is false"}),
+        },
+        {
+            "name": "reference check",
+            "ran": ref is not None,
+            "sees": REFERENCE_SEES,
+            **({"model": ref["model"], "p_value": ref["p_value"], "reject": ref["reject"]}
+               if ref else {"why_not": "no model.reference (--reference)"
+                            if not r["model"].get("reference") else
+                            "audit.reference_check is false"}),
+        },
+    ]  # fmt: skip
+    unseen = []
+    if blind is None:
+        unseen.append("any difference of the texts: no check of the premise ran without a "
+                      "model (audit.blind_check: false)")  # fmt: skip
+    if ref is None:
+        unseen.append(UNSEEN_WITHOUT_REFERENCE if blind else
+                      "differences a model sees (no --reference either)")  # fmt: skip
+    else:
+        unseen.append("differences a model sees that the reference model does not share (a "
+                      "reference of another make, or one trained on other text, may miss some)")  # fmt: skip
+    return {
+        "statement": PREMISE,
+        "kind": PREMISE_KIND,
+        "checks": checks,
+        "falsified_by": [c["name"] for c in checks if c.get("reject")],
+        "all_checks_ran": all(c["ran"] for c in checks),
+        "not_ruled_out": unseen,
+    }
+
+
 def verdict(r: dict) -> dict:
+    """The headline and its ``claim``: ``evidence of training`` (the test rejects and every
+    check of the premise ran and passed: ``trained`` is true only then), ``training signal,
+    premise partly untested`` (the test rejects; a check could not run), ``not evidence of
+    training`` (a check rejects) or ``no evidence of training``."""
     t, m = r["dataset_test"], r["model"]["name_or_path"]
-    blind, null = r.get("blind_check"), r.get("null_check")
+    null = r.get("null_check")
+    prem = r.get("premise") or premise(r)
     pf = r["per_file"]
     files = f"{pf['n_flagged']} of {r['data']['n_suspected']} files flagged at {pf['fdr']:.0%} FDR"
     p = f"p = {_p(t['p_value'])}, held-out AUC {t['statistic']:.2f}"
-    if blind and blind["reject"]:
+    failed = _failed_checks(r)
+    if failed:
         if t["reject"]:
             text = (
                 f"Not evidence of training: the model scores suspected files above unseen ones "
-                f"({p}), but their words alone tell the two sets apart too (blind check p = "
-                f"{_p(blind['p_value'])}): the sets differ in kind, and that difference could "
-                "be what the model sees (Das et al. 2024). No file is called trained. Give "
-                "unseen files of the same kind as the suspected ones"
+                f"({p}), but {failed} tells the two sets apart too: the sets differ in kind, "
+                "and that difference could be what the model sees (Das et al. 2024). No file "
+                "is called trained. Give unseen files of the same kind as the suspected ones"
             )
         else:
             text = (
                 f"No evidence that {m} trained on these files ({p}, not below "
-                f"{t['alpha']:g}), and this audit could not be trusted to find it: the files' "
-                f"words alone tell suspected from unseen files (blind check p = "
-                f"{_p(blind['p_value'])}), so the two sets differ in kind. No file is called "
-                "trained. Give unseen files of the same kind as the suspected ones"
+                f"{t['alpha']:g}), and this audit could not be trusted to find it: {failed} "
+                "tells suspected from unseen files, so the two sets differ in kind. No file is "
+                "called trained. Give unseen files of the same kind as the suspected ones"
             )
-        trained = False
+        claim = "not evidence of training"
+    elif t["reject"] and prem["all_checks_ran"]:
+        text = (
+            f"Evidence that {m} trained on these files: {p}; {files}. It rests on the premise "
+            f"that suspected and unseen files differ only by training, which {_passed(r)} "
+            "did not falsify"
+        )
+        claim = "evidence of training"
     elif t["reject"]:
-        text = f"Evidence that {m} trained on these files: {p}; {files}"
-        trained = True
+        text = (
+            f"{m} scores the suspected files as more trained-on than the unseen ones ({p}; "
+            f"{files}). That is evidence of training only if the two sets differ by training "
+            "alone, and not all of that was tested: " + ("; ".join(_untested(r, prem)))
+        )
+        claim = "training signal, premise partly untested"
     else:
         text = (
             f"No evidence that {m} trained on these files: {p} (not below {t['alpha']:g}); {files}"
         )
-        trained = False
-    if blind and not blind["reject"]:
-        text += f"; the blind check does not reject (p = {_p(blind['p_value'])})"
-    if null and not null["reject"]:
-        text += f"; the null check on unseen vs unseen does not reject (p = {_p(null['p_value'])})"
+        passed = _passed(r)
+        if passed:
+            text += f"; {passed} did not reject"
+        claim = "no evidence of training"
     if null and null["reject"]:
         text += (
             f". The null check rejects on two random halves of the unseen sources (p = "
             f"{_p(null['p_value'])}): its permutation test is exact, so this is its "
             f"{null['alpha']:.0%} chance of a false alarm; it says nothing of the suspected files"
         )
-    return {"text": text + ".", "trained": trained}
+    return {"text": text + ".", "trained": claim == "evidence of training", "claim": claim}
+
+
+def _blind_views(blind: dict) -> str:
+    names = list(blind.get("parts") or {})
+    if len(names) < 2:
+        return "".join(names)
+    return f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _failed_checks(r: dict) -> str:
+    """'the blind check (surface, p = ...)' and / or the reference check, those that reject."""
+    out = []
+    blind, ref = r.get("blind_check"), r.get("reference_check")
+    if blind and blind["reject"]:
+        views = [n for n, v in (blind.get("parts") or {}).items() if v["reject"]]
+        inner = ", ".join([*views, f"blind check p = {_p(blind['p_value'])}"])
+        out.append(f"the files' text alone, without a model ({inner})")
+    if ref and ref["reject"]:
+        out.append(
+            f"the reference model {ref['model']}, which never saw the files (reference check "
+            f"p = {_p(ref['p_value'])})"
+        )
+    return " and ".join(out)
+
+
+def _passed(r: dict) -> str:
+    out = []
+    blind, ref = r.get("blind_check"), r.get("reference_check")
+    if blind and not blind["reject"]:
+        views = _blind_views(blind)
+        out.append(f"the blind check{' on ' + views if views else ''} (p = {_p(blind['p_value'])})")
+    if ref and not ref["reject"]:
+        out.append(f"the reference check on {ref['model']} (p = {_p(ref['p_value'])})")
+    return " and ".join(out)
+
+
+def _untested(r: dict, prem: dict) -> list[str]:
+    out = []
+    passed = _passed(r)
+    if passed:
+        out.append(f"{passed} did not reject")
+    if not r.get("blind_check"):
+        out.append("the blind check did not run (audit.blind_check: false), so the premise "
+                   "went unchecked without a model")  # fmt: skip
+    if not r.get("reference_check"):
+        out.append("differences a model sees but the text checks do not are not ruled out: "
+                   "give --reference, a model that never saw the files, to test them")  # fmt: skip
+    return out
+
+
+def _premise_note(r: dict) -> str:
+    prem = r.get("premise") or premise(r)
+    ran = [c for c in prem["checks"] if c["ran"]]
+    said = "; ".join(
+        f"the {c['name']} ({c['sees']}) {'rejects' if c['reject'] else 'does not reject'}, "
+        f"p = {_p(c['p_value'])}"
+        for c in ran
+    )
+    gone = "; ".join(f"the {c['name']} did not run ({c['why_not']})" for c in prem["checks"]
+                     if not c["ran"])  # fmt: skip
+    out = f"{said}." if said else ""
+    if gone:
+        out += f" {gone[0].upper()}{gone[1:]}."
+    out += " Not ruled out: " + "; ".join(prem["not_ruled_out"]) + "."
+    out += (" The null check (two random halves of the unseen files) is exact by construction "
+            "and tests the machinery only, never the premise.")  # fmt: skip
+    return out.strip()
 
 
 def _p(p: float) -> str:
@@ -92,9 +230,10 @@ def notes(cfg: AuditJobConfig, r: dict) -> list[str]:
         f"same statistic for {t['permutations']} random permutations of the sources' sides "
         f"(the whole cross-fit redone each time): p = (1 + #{{at least as high}}) / "
         f"({t['permutations']} + 1), exact under H0; Monte Carlo error ±{t['mc_error']:.2g}.",
-        "H0: the model scores the suspected sources like unseen ones. The test assumes the two "
-        "sets are alike apart from training (the blind check tests that on the words alone); "
-        "it cannot tell which files were trained on, only that some were.",
+        "H0: the model scores the suspected sources like unseen ones. The test reads a "
+        "rejection as training only on the premise that the two sets differ by training "
+        "alone; " + _premise_note(r) + " The test cannot tell which files were trained on, "
+        "only that some were.",
         f"The verdict rests on {d['n_sources_suspected']} suspected and "
         f"{d['n_sources_unseen']} unseen independent sources"
         + (
