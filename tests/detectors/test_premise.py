@@ -79,7 +79,10 @@ def _blind(texts, side):
 @pytest.mark.parametrize("shift", ["casing", "repetition", "layout"])
 def test_a_shift_the_words_do_not_show_trips_the_blind_check(leads, shift):
     side = np.array([1] * 50 + [0] * 70)
-    texts = [shifted(shift, t, str(i)) if s else t for i, (t, s) in enumerate(zip(leads, side))]
+    texts = [
+        shifted(shift, t, str(i)) if s else t
+        for i, (t, s) in enumerate(zip(leads, side, strict=True))
+    ]
     got, words = _blind(texts, side)
     assert got["reject"] and got["p_value"] <= 0.02
     assert not words["reject"]  # lowercased word counts are blind to it
