@@ -107,14 +107,15 @@ def score_attacks(
     if reference_features:
         rcfg = reference_job(cfg)
         log(f"the reference {cfg.model.reference} scores the same snippets with the same attacks")
-        rmerged, ref_seconds = _forward_passes(rcfg, snip_meta, out / "reference" / "rows", fp_snip)
+        rmerged, ref_seconds = _forward_passes(rcfg, snip_meta, out / "reference" / "rows", fp_snip,
+                                               name="reference")  # fmt: skip
         rextra = run_passes(rcfg, passes_of(rcfg.attack.attacks), rmerged, out / "reference",
                             fp_snip, prefixes, ref_seconds)  # fmt: skip
         rs, _, rcols = _score_frames(rcfg, rmerged, rextra, labels)
         ref_scores = rs[["snippet_id", *rcols]]
         ref_loss = rmerged[["snippet_id", "loss"]].rename(columns={"loss": "ref_loss"})
     merged, seconds = _forward_passes(cfg, snip_meta, out / "rows", fp_snip, ref_loss)
-    seconds.update({f"reference {k}": v for k, v in ref_seconds.items()})
+    seconds.update({k if k == "reference" else f"reference {k}": v for k, v in ref_seconds.items()})
     extra = run_passes(cfg, need, merged, out, fp_snip, prefixes, seconds)
     t_score = time.time() - t1
     snip_scores, doc_scores, score_cols = _score_frames(cfg, merged, extra, labels)
@@ -176,14 +177,15 @@ def _snippets_of_job(cfg: AttackJobConfig, docs, labels, snippets):
 
 
 def _forward_passes(cfg: AttackJobConfig, snip_meta: pd.DataFrame, rows_dir: Path, fp_snip,
-                    ref_loss: pd.DataFrame | None = None):  # fmt: skip
-    """The target's pass (with the lowercase one when asked) and the reference's, merged
+                    ref_loss: pd.DataFrame | None = None, name: str = "target"):  # fmt: skip
+    """The model's pass (with the lowercase one when asked) and the reference's, merged
     with the snippets; also the seconds of each. ``ref_loss`` (snippet_id, ref_loss): the
-    reference's losses from its own full pass, used instead of a pass of its own."""
+    reference's losses from its own full pass, used instead of a pass of its own; ``name``:
+    what the model is to the run (its stage's name)."""
     attacks = cfg.attack.attacks
     scored = snip_meta[["snippet_id", "text"]]
     t1 = time.time()
-    log(f"scoring with target {cfg.model.name_or_path} on {cfg.resources.scorer_actors} actor(s)")
+    log(f"scoring with {name} {cfg.model.name_or_path} on {cfg.resources.scorer_actors} actor(s)")
     tgt = score_pool(
         scored,
         cfg.model,
@@ -192,10 +194,10 @@ def _forward_passes(cfg: AttackJobConfig, snip_meta: pd.DataFrame, rows_dir: Pat
         "",
         "lowercase" in attacks,
         True,
-        rows_dir / "target",
+        rows_dir / name,
         fingerprint(fp_snip, scorer_key(cfg.model, cfg.resources), "lowercase" in attacks),
     )
-    seconds = {"target": round(time.time() - t1, 2)}  # with the lowercase pass, when asked
+    seconds = {name: round(time.time() - t1, 2)}  # with the lowercase pass, when asked
     merged = snip_meta.merge(tgt, on="snippet_id", how="inner", validate="one_to_one")
     if "ref" in attacks and ref_loss is not None:
         merged = merged.merge(ref_loss, on="snippet_id", how="inner", validate="one_to_one")
@@ -215,7 +217,7 @@ def _forward_passes(cfg: AttackJobConfig, snip_meta: pd.DataFrame, rows_dir: Pat
         merged = merged.merge(
             ref[["snippet_id", "ref_loss"]], on="snippet_id", how="inner", validate="one_to_one"
         )
-        seconds["reference"] = round(time.time() - t1 - seconds["target"], 2)
+        seconds["reference"] = round(time.time() - t1 - seconds[name], 2)
     if len(merged) != len(snip_meta):
         raise MiaError(f"scored {len(merged)} of {len(snip_meta)} snippets: results are missing")
     return merged, seconds
