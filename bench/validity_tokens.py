@@ -157,6 +157,70 @@ def one_world(i: int, seed: int, n_pool: int, scenario: str, pool, variants, mod
     return out
 
 
+# ---------------------------------------------------------------- feature worlds with a reference
+
+REF_AGREEMENT = 0.8  # the reference's snippet features: 0.8 x the target's + 0.6 x fresh noise
+FEATURE_SCENARIOS = {
+    "easier": "VALIDITY.md's `easier`: suspected files +0.6 sd on every feature, their texts 3 % "
+    "words of their own",
+    "against_0.3": "matched, suspected files -0.6 sd on five features and +0.3 sd on the sixth "
+    "(the lowercase mechanism: casing moves it alone)",
+    "against_0.6": "the same with +0.6 sd on the sixth",
+}
+
+
+def feature_world(name: str, i: int, seed: int):
+    """An abstract-feature world of ``mia_ray.demo.validity_worlds`` and a reference's
+    features for it: the reference reads the same texts, so it shares their differences."""
+    from mia_ray.demo import validity_worlds as V
+
+    rng = V.world_rng(name, seed, i)
+    if name == "easier":
+        w = V.make_world("easier", rng)
+    else:
+        w = V.make_world("matched", rng)
+        up = float(name.split("_")[1])
+        sd_mean = math.sqrt(V.FILE_SD**2 + V.NOISE_SD**2 / 8)
+        sus = np.array([f.startswith("suspected/") for f in w.unit_files])
+        w.X = w.X + np.outer(sus, np.array([-0.6] * (V.D - 1) + [up]) * sd_mean)
+        w.h0 = True
+    X_ref = REF_AGREEMENT * w.X + math.sqrt(1 - REF_AGREEMENT**2) * V._corr(rng, w.X.shape[0])
+    return w, X_ref
+
+
+def one_feature_world(i: int, seed: int, name: str, permutations: int) -> dict:
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from mia_ray.detectors.dataset_inference import file_matrix, permutation_test, text_matrix
+    from mia_ray.detectors.premise import blind_check
+    from mia_ray.pipelines.audit import design_of
+
+    w, X_ref = feature_world(name, i, seed)
+    cfg = SimpleNamespace(audit=SimpleNamespace(seed=i, rounds=ROUNDS, C=1.0))
+    files = (pd.DataFrame({"doc_id": w.files, "side": w.side, "source": w.source})
+             .sort_values("doc_id").reset_index(drop=True))  # fmt: skip
+    ids = files["doc_id"].tolist()
+    t0 = time.perf_counter()
+    design = design_of(files, file_matrix(w.unit_files, w.X, ids), cfg, nonneg=True)
+    out = {"test:target": permutation_test(design, permutations, i, ALPHA)["reject"]}
+    ref = design.with_features(file_matrix(w.unit_files, X_ref, ids), nonneg=True)
+    out["reference"] = permutation_test(ref, permutations, i, ALPHA)["reject"]
+    if w.texts is not None:
+        T = text_matrix(w.unit_files, w.texts, ids)
+        out["words"] = permutation_test(design.with_features(T, False), permutations, i,
+                                        ALPHA)["reject"]  # fmt: skip
+        blind = blind_check(design, w.unit_files, w.texts, ids, permutations, i, ALPHA)
+        out["blind"] = blind["reject"]
+        out.update({f"blind_{k}": v["reject"] for k, v in blind["parts"].items()})
+    else:  # no text: no text check can see anything
+        out.update({k: False for k in ("words", "blind", "blind_words", "blind_characters",
+                                       "blind_surface")})  # fmt: skip
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     if n == 0:
         return (math.nan, math.nan)
@@ -197,7 +261,7 @@ def summarize(records: dict[str, list[dict]], models: list[str]) -> dict:
     return out
 
 
-def render(summary: dict, models: dict[str, str], args, info: dict) -> str:
+def render(summary: dict, fsummary: dict, models: dict[str, str], args, info: dict) -> str:
     names = list(models)
     lines = [
         BEGIN,
@@ -260,6 +324,29 @@ def render(summary: dict, models: dict[str, str], args, info: dict) -> str:
                 f"| {s} | {m} | {rate(x['test'])} | {rate(x['before'])} | "
                 f"{rate(x['text_checks'])} | {rate(x['with_reference'])} |"
             )
+    lines += [
+        "",
+        "### Feature worlds with a reference",
+        "",
+        "Abstract features as in the scenarios above (`mia_ray/demo/validity_worlds.py`, 30 "
+        "suspected vs 40 unseen files, 8 snippets each), with a reference model's features "
+        f"beside them: {REF_AGREEMENT} x the target's plus {math.sqrt(1 - REF_AGREEMENT**2):.1f} "
+        "x fresh noise of the same correlation, i.e. a reference that reads the same texts and "
+        "shares their differences, not the target's training. "
+        + "; ".join(f"`{k}`: {v}" for k, v in FEATURE_SCENARIOS.items())
+        + ". The texts of `against_*` are of one kind (the shift is in the scores alone), so no text check can see it: only a reference can.",
+        "",
+        "| scenario | worlds | test rejects | blind check now | reference check | claim "
+        "before | claim, text checks | claim, with a reference |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s, r in fsummary.items():
+        x = r["target"]
+        lines.append(
+            f"| {s} | {r['worlds']} | {rate(x['test'])} | {rate(r['blind'])} | "
+            f"{rate(r['reference'])} | {rate(x['before'])} | {rate(x['text_checks'])} | "
+            f"{rate(x['with_reference'])} |"
+        )
     lines += ["", *info["verdicts"], END]
     return "\n".join(lines)
 
@@ -269,11 +356,11 @@ def holds(flags, level=ALPHA) -> bool:
     return wilson(k, n)[0] <= level
 
 
-def verdict_lines(summary: dict, names: list[str]) -> list[str]:
+def verdict_lines(summary: dict, names: list[str], fsummary: dict) -> list[str]:
     out = ["### Does each claim hold its level?", ""]
     for s, r in summary.items():
         parts = []
-        for m in names:
+        for m in names if s not in fsummary else ["target"]:
             x = r[m]
             parts.append(
                 f"{m}: before {'holds' if holds(x['before']) else 'FAILS'}, text checks "
@@ -287,18 +374,49 @@ def verdict_lines(summary: dict, names: list[str]) -> list[str]:
     return out
 
 
+_SHARED: dict = {}  # what forked workers read: the scored pool and its texts
+
+
+def _token_world(job):
+    i, s = job
+    g = _SHARED
+    return one_world(i, g["seed"], g["n_pool"], s, g["pool"], g["variants"], g["names"],
+                     "tiny-ref", g["permutations"])  # fmt: skip
+
+
+def _feature_world(job):
+    i, s = job
+    return one_feature_world(i, _SHARED["seed"], s, _SHARED["permutations"])
+
+
+def run_worlds(fn, scenarios: list[str], worlds: int, jobs: int) -> dict[str, list[dict]]:
+    import multiprocessing as mp
+
+    out: dict[str, list[dict]] = {}
+    ctx = mp.get_context("fork")
+    with ctx.Pool(jobs) as pool:
+        for s in scenarios:
+            t1 = time.perf_counter()
+            out[s] = pool.map(fn, [(i, s) for i in range(worlds)], chunksize=4)
+            print(f"  {s}: {worlds} worlds in {time.perf_counter() - t1:.0f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", type=int, default=200)
     ap.add_argument("--permutations", type=int, default=99)
-    ap.add_argument("--pool", type=int, default=300)
+    ap.add_argument("--pool", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--world-root", default="~/.cache/mia-ray/world-demo")
     ap.add_argument("--smollm2", default="~/.cache/mia-ray/models/smollm2-135m-instruct")
     ap.add_argument("--models", default="smollm2,tiny")
     ap.add_argument("--cache", default="~/.cache/mia-ray/validity-tokens")
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--feature-scenarios", default=",".join(FEATURE_SCENARIOS))
     ap.add_argument("--out", default="VALIDITY.md")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
@@ -312,22 +430,22 @@ def main(argv=None) -> int:
     pool, variants = scored_pool({**models, "tiny-ref": paths["tiny-ref"]}, texts, prefix_docs,
                                  Path(args.cache).expanduser(), args.max_length)  # fmt: skip
     t_score = time.perf_counter() - t0
-    records: dict[str, list[dict]] = {}
-    for s in [x for x in args.scenarios.split(",") if x]:
-        t1 = time.perf_counter()
-        records[s] = [one_world(i, args.seed, len(texts), s, pool, variants, names, "tiny-ref",
-                                args.permutations) for i in range(args.worlds)]  # fmt: skip
-        print(f"  {s}: {args.worlds} worlds in {time.perf_counter() - t1:.0f} s",
-              file=sys.stderr, flush=True)  # fmt: skip
-    summary = summarize(records, names)
+    _SHARED.update(seed=args.seed, n_pool=len(texts), pool=pool, variants=variants, names=names,
+                   permutations=args.permutations)  # fmt: skip
+    tok = run_worlds(_token_world, [x for x in args.scenarios.split(",") if x], args.worlds,
+                     args.jobs)  # fmt: skip
+    feat = run_worlds(_feature_world, [x for x in args.feature_scenarios.split(",") if x],
+                      args.worlds, args.jobs)  # fmt: skip
+    summary = summarize(tok, names)
+    fsummary = summarize(feat, ["target"])
     info = {
         "minutes": (time.perf_counter() - t0) / 60,
         "score_minutes": t_score / 60,
         "host": f"{platform.machine()}, {os.cpu_count()} CPU cores, Python "
         f"{platform.python_version()}",
     }
-    info["verdicts"] = verdict_lines(summary, names)
-    section = render(summary, models, args, info)
+    info["verdicts"] = verdict_lines({**summary, **fsummary}, names, fsummary)
+    section = render(summary, fsummary, models, args, info)
     out = Path(args.out)
     old = out.read_text() if out.exists() else ""
     if BEGIN in old and END in old:
@@ -336,7 +454,8 @@ def main(argv=None) -> int:
         new = old.rstrip("\n") + "\n\n" + section + "\n"
     out.write_text(new)
     if args.json:
-        Path(args.json).write_text(json.dumps({"summary": summary, "info": info}))
+        Path(args.json).write_text(json.dumps({"summary": summary, "features": fsummary,
+                                               "info": info}))  # fmt: skip
     print(f"wrote {out} in {info['minutes']:.1f} min", file=sys.stderr)
     return 0
 

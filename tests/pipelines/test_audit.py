@@ -51,10 +51,15 @@ def audit_inputs(tmp_path_factory, test_world):
     }
 
 
-def _audit(out, inputs, target, *extra):
+def names_of(report):
+    return report["features"]["names"]
+
+
+def _audit(out, inputs, target, *extra, reference="tiny-ref"):
     models = inputs["root"] / "models"
+    ref = ["--reference", str(models / reference)] if reference else []
     args = [
-        "audit", "--model", str(models / target), "--reference", str(models / "tiny-ref"),
+        "audit", "--model", str(models / target), *ref,
         "--suspected", str(inputs["suspected"]), "--unseen", str(inputs["unseen"]),
         "--set", f"data.labels={inputs['labels']}", *SETTINGS, *extra, "--out", str(out),
     ]  # fmt: skip
@@ -75,8 +80,15 @@ def test_memorising_target_is_caught_and_its_member_files_flagged(
     assert r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] < 1e-3
     assert r["dataset_test"]["effect_size"] > 1.0
     assert not r["blind_check"]["reject"]
+    assert set(r["blind_check"]["parts"]) == {"words", "characters", "surface"}
+    # The reference check: the dataset test on tiny-ref's own scores, the same features but ref.
+    ref = r["reference_check"]
+    assert not ref["reject"] and ref["features"] == [c for c in names_of(r) if c != "ref"]
+    assert (out / "reference" / "rows" / "reference").is_dir()
     null_check_calibrated(out, r)
-    assert r["verdict"]["trained"] and r["verdict"]["text"].startswith("Evidence that ")
+    assert r["premise"]["all_checks_ran"] and r["premise"]["falsified_by"] == []
+    assert r["verdict"]["claim"] == "evidence of training" and r["verdict"]["trained"]
+    assert r["verdict"]["text"].startswith("Evidence that ")
     t = r["truth"]
     # Files shorter than one 64-word snippet are left out, and said so.
     left = r["data"]["left_out"]
@@ -110,6 +122,7 @@ def test_memorising_target_is_caught_and_its_member_files_flagged(
     assert sorted(files["file_id"]) == sorted(f["file_id"] for f in r["files"])
     html = (out / "report.html").read_text()
     assert r["verdict"]["text"].split(":")[0] in html and html.count("<img") == 2
+    assert "<h2>Premise</h2>" in html and "reference check" in html
 
 
 def test_rerun_reuses_the_scored_rows_and_gives_the_same_numbers(tiny_audit, audit_inputs, capfd):
@@ -150,8 +163,29 @@ def test_different_kinds_of_files_trip_the_blind_check(tmp_path, ray_local, audi
         tmp_path / "kinds", inputs, "tiny-random", "--set", "data.labels=", "--set", one_pass
     )
     assert r["blind_check"]["reject"] and r["blind_check"]["p_value"] < 0.01
-    assert not r["verdict"]["trained"]
+    assert r["blind_check"]["parts"]["words"]["reject"]
+    assert not r["verdict"]["trained"] and r["verdict"]["claim"] == "not evidence of training"
+    assert "blind check" in r["premise"]["falsified_by"]
     assert r["verdict"]["text"].startswith("Not evidence of training")
+    assert all(f["verdict"].startswith("no verdict: ") and not f["flagged"] for f in r["files"])
+
+
+def test_without_a_reference_the_verdict_says_the_premise_is_partly_untested(
+    tmp_path, ray_local, audit_inputs
+):
+    """tiny memorised its members, but with no reference no check can see a difference a model
+    sees and the text checks do not: the headline says so and calls no file "trained"."""
+    r = _audit(tmp_path / "noref", audit_inputs, "tiny", reference="")
+    assert r["dataset_test"]["reject"] and "reference_check" not in r
+    assert "ref" not in names_of(r)
+    assert r["verdict"]["claim"] == "training signal, premise partly untested"
+    assert not r["verdict"]["trained"] and "Evidence that" not in r["verdict"]["text"]
+    assert "give --reference, a model that never saw the files" in r["verdict"]["text"]
+    flagged = [f for f in r["files"] if f["flagged"]]
+    assert flagged and {f["verdict"] for f in flagged} == {"flagged, premise partly untested"}
+    check = r["premise"]["checks"][1]
+    assert check["name"] == "reference check" and not check["ran"]
+    assert check["why_not"] == "no model.reference (--reference)"
 
 
 def test_sources_near_duplicates_and_short_files_as_users_bring_them(
