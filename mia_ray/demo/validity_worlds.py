@@ -590,6 +590,7 @@ def after_world(
         permutation_test,
         text_matrix,
     )
+    from mia_ray.detectors.premise import blind_check
     from mia_ray.pipelines.audit import design_of
     from mia_ray.stats.audit import benjamini_hochberg
 
@@ -636,8 +637,13 @@ def after_world(
     if null:
         out["null"] = bool(null_check(design, permutations, seed, alpha)["reject"])
     if blind and world.texts is not None:
-        T = text_matrix(units, [world.texts[r] for r in rows], ids)
-        out["blind"] = bool(
+        # The audit's blind check (words, characters, surface: one min-p test) and, beside
+        # it, the words-only check it replaced.
+        texts = [world.texts[r] for r in rows]
+        got = blind_check(design, units, texts, ids, permutations, seed, alpha)
+        out["blind"] = bool(got["reject"])
+        T = text_matrix(units, texts, ids)
+        out["blind_words_only"] = bool(
             permutation_test(design_of(files, T, cfg, False), permutations, seed, alpha)["reject"]
         )
     out["seconds"] = time.perf_counter() - t0
@@ -690,7 +696,7 @@ def summarize(records: list[dict], fdrs=FDRS) -> dict:
         out[f"any_flagged@{q:g}"] = rate(r[f"flagged@{q:g}"] > 0 for r in records)
         out[f"members_flagged@{q:g}"] = mean_ci(r[f"members_flagged@{q:g}"] for r in records)
         out[f"together@{q:g}"] = min((r[f"together@{q:g}"] for r in records), default=None)
-    for check in ("null", "blind", "half_reject"):
+    for check in ("null", "blind", "blind_words_only", "half_reject"):
         if any(check in r for r in records):
             out[check] = rate(r.get(check) for r in records)
     if any("all_rounds" in r for r in records):

@@ -127,7 +127,7 @@ def verdict(r: dict) -> dict:
         text = (
             f"{m} scores the suspected files as more trained-on than the unseen ones ({p}; "
             f"{files}). That is evidence of training only if the two sets differ by training "
-            "alone, and not all of that was tested: " + ("; ".join(_untested(r, prem)))
+            "alone, and not all of that was tested: " + "; ".join(_untested(r))
         )
         claim = "training signal, premise partly untested"
     else:
@@ -181,7 +181,7 @@ def _passed(r: dict) -> str:
     return " and ".join(out)
 
 
-def _untested(r: dict, prem: dict) -> list[str]:
+def _untested(r: dict) -> list[str]:
     out = []
     passed = _passed(r)
     if passed:
