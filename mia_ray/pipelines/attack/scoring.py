@@ -88,11 +88,12 @@ def score_attacks(
         labels = {d: y for d, y in labels.items() if d not in gone}
         if docs is not None:
             docs = docs.filter(lambda r: r["doc_id"] not in gone)
-    snip_meta, n_cropped = crop_to_scored_span(snip_meta, cfg.model, "ref" in attacks)
+    both = "ref" in attacks or reference_features
+    snip_meta, n_cropped = crop_to_scored_span(snip_meta, cfg.model, both)
     if n_cropped:
         log(
             f"{n_cropped} of {len(snip_meta)} snippets cut to the text that fits "
-            f"model.max_length tokens of {'both models' if 'ref' in attacks else 'the model'}"
+            f"model.max_length tokens of {'both models' if both else 'the model'}"
         )
     # Scored rows are reused only for the very same (cropped) snippet texts and ids.
     ordered = snip_meta.sort_values("snippet_id")
@@ -105,15 +106,9 @@ def score_attacks(
     t1 = time.time()
     ref_scores, ref_loss, ref_seconds = None, None, {}
     if reference_features:
-        rcfg = reference_job(cfg)
-        log(f"the reference {cfg.model.reference} scores the same snippets with the same attacks")
-        rmerged, ref_seconds = _forward_passes(rcfg, snip_meta, out / "reference" / "rows", fp_snip,
-                                               name="reference")  # fmt: skip
-        rextra = run_passes(rcfg, passes_of(rcfg.attack.attacks), rmerged, out / "reference",
-                            fp_snip, prefixes, ref_seconds)  # fmt: skip
-        rs, _, rcols = _score_frames(rcfg, rmerged, rextra, labels)
-        ref_scores = rs[["snippet_id", *rcols]]
-        ref_loss = rmerged[["snippet_id", "loss"]].rename(columns={"loss": "ref_loss"})
+        ref_scores, ref_loss, ref_seconds = _reference_scores(
+            cfg, snip_meta, out, fp_snip, prefixes, labels
+        )
     merged, seconds = _forward_passes(cfg, snip_meta, out / "rows", fp_snip, ref_loss)
     seconds.update({k if k == "reference" else f"reference {k}": v for k, v in ref_seconds.items()})
     extra = run_passes(cfg, need, merged, out, fp_snip, prefixes, seconds)
@@ -144,6 +139,23 @@ def score_attacks(
             "reference_scores": ref_scores,
         },
     )
+
+
+def _reference_scores(cfg: AttackJobConfig, snip_meta, out: Path, fp_snip, prefixes, labels):
+    """The reference's scores of the snippets for :func:`reference_job`'s attacks (snippet_id
+    and one column per score), its losses for the ``ref`` attack and each pass's seconds."""
+    from mia_ray.features.attacks import passes_of
+    from mia_ray.pipelines.attack.passes import run_passes
+
+    rcfg = reference_job(cfg)
+    log(f"the reference {cfg.model.reference} scores the same snippets with the same attacks")
+    rmerged, seconds = _forward_passes(rcfg, snip_meta, out / "reference" / "rows", fp_snip,
+                                       name="reference")  # fmt: skip
+    rextra = run_passes(rcfg, passes_of(rcfg.attack.attacks), rmerged, out / "reference",
+                        fp_snip, prefixes, seconds)  # fmt: skip
+    rs, _, rcols = _score_frames(rcfg, rmerged, rextra, labels)
+    ref_loss = rmerged[["snippet_id", "loss"]].rename(columns={"loss": "ref_loss"})
+    return rs[["snippet_id", *rcols]], ref_loss, seconds
 
 
 def reference_job(cfg: AttackJobConfig) -> AttackJobConfig:

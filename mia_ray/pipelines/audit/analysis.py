@@ -43,13 +43,7 @@ def analyse(
     """The statistics of an audit from its snippet rows (doc_id, text, feature columns) and its
     files (doc_id, side, source); ``reference``: the reference model's scores of the same
     snippets (snippet_id and the feature columns but ``ref``), for the reference check."""
-    from mia_ray.detectors.dataset_inference import (
-        audit,
-        effect_size,
-        file_matrix,
-        null_check,
-    )
-    from mia_ray.detectors.premise import blind_check
+    from mia_ray.detectors.dataset_inference import audit, effect_size, file_matrix
 
     a = cfg.audit
     files = files.sort_values("doc_id").reset_index(drop=True)
@@ -100,26 +94,7 @@ def analyse(
         },
         "features": _weights(features, coefs),
     }
-    if a.null_check:
-        log("null check: the same test on two random halves of the unseen sources")
-        null = null_check(design, a.permutations, a.seed, a.alpha)
-        report["null_check"] = _check_summary(null)
-    if a.blind_check:
-        log("blind check: the same test on the snippets' words, characters and surface "
-            "statistics (no model), weights free")  # fmt: skip
-        blind = blind_check(design, units, snip["text"].tolist(), ids, a.permutations, a.seed,
-                            a.alpha)  # fmt: skip
-        report["blind_check"] = {
-            "method": "three views of the snippets' text per file (word 1-2 grams lowercased, "
-            "character 1-4 grams case kept, 13 surface statistics), each through the same "
-            "cross-fit with free weights (two-sided in effect); one min-p permutation test "
-            "over the three, on the same permutations, so the check's level is alpha",
-            **_check_summary(blind),
-            "parts": blind["parts"],
-            "contrasts": blind["contrasts"],
-        }
-    if reference is not None:
-        report["reference_check"] = _reference_check(cfg, snip, reference, features, design)
+    report.update(_checks(cfg, design, snip, ids, features, reference))
     withheld = [k for k in ("blind_check", "reference_check") if report.get(k, {}).get("reject")]
     tested = a.blind_check and "reference_check" in report
     rows = _file_rows(files, got, score, snip.groupby("doc_id").size(), truth, withheld, tested)
@@ -154,6 +129,35 @@ def analyse(
     report["verdict"] = verdict(report)
     report["notes"] = notes(cfg, report)
     return report
+
+
+def _checks(cfg, design, snip: pd.DataFrame, ids, features, reference) -> dict:
+    """The null check (the machinery) and the premise's checks: blind, and reference when
+    ``reference`` holds the reference model's scores."""
+    from mia_ray.detectors.dataset_inference import null_check
+    from mia_ray.detectors.premise import blind_check
+
+    a, out = cfg.audit, {}
+    if a.null_check:
+        log("null check: the same test on two random halves of the unseen sources")
+        out["null_check"] = _check_summary(null_check(design, a.permutations, a.seed, a.alpha))
+    if a.blind_check:
+        log("blind check: the same test on the snippets' words, characters and surface "
+            "statistics (no model), weights free")  # fmt: skip
+        blind = blind_check(design, snip["doc_id"].to_numpy(), snip["text"].tolist(), ids,
+                            a.permutations, a.seed, a.alpha)  # fmt: skip
+        out["blind_check"] = {
+            "method": "three views of the snippets' text per file (word 1-2 grams lowercased, "
+            "character 1-4 grams case kept, 13 surface statistics), each through the same "
+            "cross-fit with free weights (two-sided in effect); one min-p permutation test "
+            "over the three, on the same permutations, so the check's level is alpha",
+            **_check_summary(blind),
+            "parts": blind["parts"],
+            "contrasts": blind["contrasts"],
+        }
+    if reference is not None:
+        out["reference_check"] = _reference_check(cfg, snip, reference, features, design)
+    return out
 
 
 def _reference_check(cfg, snip: pd.DataFrame, reference: pd.DataFrame, features, design) -> dict:
