@@ -333,6 +333,11 @@ def test_flags_set_their_config_keys_and_missing_inputs_are_named(tmp_path, caps
         "audit needs --suspected (the files you think the model trained on) and --unseen "
         "(files of the same kind it surely never saw)",
     )
+    _fails(
+        capsys,
+        [*args, "--set", "audit.design=random", "--out", str(out)],
+        "audit.design must be one of observational, randomized, not 'random'",
+    )
 
 
 def test_copycheck_on_request_joins_the_files_table(tmp_path, ray_local, audit_inputs, capsys):

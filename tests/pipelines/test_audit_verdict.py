@@ -135,3 +135,24 @@ def test_the_premise_lists_what_no_check_could_see():
                    "why_not": "no model.reference (--reference)"}  # fmt: skip
     assert prem["not_ruled_out"][0].startswith("differences a model sees but the blind check")
     assert not prem["all_checks_ran"] and prem["falsified_by"] == []
+
+
+def test_a_declared_randomized_split_is_exact_by_design_and_its_checks_are_reported_only():
+    # A random split differs in kind by chance: a check that rejects (5 % of random splits)
+    # cannot falsify a premise true by construction, so it withholds nothing.
+    r = {**_report(blind_p=0.02, views_p={"words": 0.3, "characters": 0.02, "surface": 0.5}),
+         "design": "randomized"}  # fmt: skip
+    v = verdict(r)
+    assert v["claim"] == "evidence of training" and v["trained"]
+    assert v["text"] == (
+        "Evidence that m trained on these files: p = 0.0001, held-out AUC 0.93; 50 of 66 files "
+        "flagged at 5% FDR. Exact by the randomization you declared (audit.design: randomized: "
+        "the files were split at random into suspected and unseen before the model could train "
+        "on them); the blind check rejects (p = 0.02), reported only: a random split differs in "
+        "kind by chance, and each check rejects 5% of random splits."
+    )
+    prem = premise(r)
+    assert prem["kind"].startswith("exact by the owner's randomization")
+    assert prem["falsified_by"] == [] and "declared by the user" in prem["statement"]
+    v = verdict({**_report(p=0.4), "design": "randomized"})
+    assert v["claim"] == "no evidence of training"

@@ -27,6 +27,7 @@ from mia_ray.pipelines.attack.config import (
 )
 
 AUDIT_METHODS = ("copycheck", "memhunter", "leakage")
+DESIGNS = ("observational", "randomized")
 
 
 @dataclass
@@ -68,6 +69,12 @@ class AuditConfig:
     neighbourhood: NeighbourhoodConfig = field(default_factory=NeighbourhoodConfig)
     samia: SamiaConfig = field(default_factory=SamiaConfig)
     C: float = 1.0  # inverse ridge strength of the discriminant on standardized file features
+    # how suspected and unseen came to differ. observational (the default): as found (newer
+    # files, other authors'...); the verdict rests on the premise that they differ only by
+    # training, which the checks below may falsify. randomized: YOU split the files at random
+    # into the two sets before the model could have trained on them (a held-out split, a
+    # random sample exposed); exact by that randomization, the checks are reported, not acted on
+    design: str = "observational"
     # the premise's checks: the blind check reads the snippets' text (words, characters,
     # surface statistics); the reference check runs the dataset test on model.reference's own
     # scores of the same snippets (when a reference is given)
@@ -98,6 +105,7 @@ class AuditConfig:
                 f"audit.file_rounds ({self.file_rounds}) cannot exceed audit.rounds ({self.rounds})"
             )
         check_choice("audit.fdr_method", self.fdr_method, ("bh", "by"))
+        check_choice("audit.design", self.design, DESIGNS)
         if self.snippets_per_file < 0:
             raise MiaError(
                 f"audit.snippets_per_file must be 0 (the fewest any file has) or more, not "

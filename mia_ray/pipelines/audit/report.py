@@ -43,6 +43,18 @@ PREMISE_KIND = (
 )
 
 
+RANDOMIZED = (
+    "the files were split at random into suspected and unseen before the model could have "
+    "trained on them (declared by the user: audit.design randomized)"
+)
+RANDOMIZED_KIND = (
+    "exact by the owner's randomization: a random split makes the two sets exchangeable "
+    "whatever their texts, so the dataset test and the per-file p-values are exact if the "
+    "declaration is true; the checks below cannot falsify a premise true by construction "
+    "(each rejects 5 % of random splits by chance) and are reported, not acted on"
+)
+
+
 def premise(r: dict) -> dict:
     """What the verdict rests on: the premise, each check of it (ran or not, what it sees, its
     p-value) and what no check that ran could see. The null check is not among them: its
@@ -78,6 +90,17 @@ def premise(r: dict) -> dict:
     else:
         unseen.append("differences a model sees that the reference model does not share (a "
                       "reference of another make, or one trained on other text, may miss some)")  # fmt: skip
+    if r.get("design") == "randomized":
+        return {
+            "statement": RANDOMIZED,
+            "kind": RANDOMIZED_KIND,
+            "checks": checks,
+            "falsified_by": [],
+            "all_checks_ran": all(c["ran"] for c in checks),
+            "not_ruled_out": [
+                "a declaration that is not true: the audit cannot see how the files were split"
+            ],  # fmt: skip
+        }
     return {
         "statement": PREMISE,
         "kind": PREMISE_KIND,
@@ -100,6 +123,8 @@ def verdict(r: dict) -> dict:
     files = f"{pf['n_flagged']} of {r['data']['n_suspected']} files flagged at {pf['fdr']:.0%} FDR"
     p = f"p = {_p(t['p_value'])}, held-out AUC {t['statistic']:.2f}"
     failed = _failed_checks(r)
+    if r.get("design") == "randomized":
+        return _randomized_verdict(r, m, p, files, null)
     if failed:
         if t["reject"]:
             text = (
@@ -138,6 +163,38 @@ def verdict(r: dict) -> dict:
         if passed:
             text += f"; {passed} did not reject"
         claim = "no evidence of training"
+    if null and null["reject"]:
+        text += (
+            f". The null check rejects on two random halves of the unseen sources (p = "
+            f"{_p(null['p_value'])}): its permutation test is exact, so this is its "
+            f"{null['alpha']:.0%} chance of a false alarm; it says nothing of the suspected files"
+        )
+    return {"text": text + ".", "trained": claim == "evidence of training", "claim": claim}
+
+
+def _randomized_verdict(r: dict, m: str, p: str, files: str, null) -> dict:
+    t = r["dataset_test"]
+    if t["reject"]:
+        text = f"Evidence that {m} trained on these files: {p}; {files}"
+        claim = "evidence of training"
+    else:
+        text = (
+            f"No evidence that {m} trained on these files: {p} (not below {t['alpha']:g}); {files}"
+        )
+        claim = "no evidence of training"
+    text += (
+        ". Exact by the randomization you declared (audit.design: randomized: the files were "
+        "split at random into suspected and unseen before the model could train on them)"
+    )
+    said = []
+    for key, name in (("blind_check", "blind check"), ("reference_check", "reference check")):
+        c = r.get(key)
+        if c:
+            said.append(f"the {name} {'rejects' if c['reject'] else 'does not reject'} "
+                        f"(p = {_p(c['p_value'])})")  # fmt: skip
+    if said:
+        text += ("; " + " and ".join(said) + ", reported only: a random split differs in "
+                 f"kind by chance, and each check rejects {t['alpha']:.0%} of random splits")  # fmt: skip
     if null and null["reject"]:
         text += (
             f". The null check rejects on two random halves of the unseen sources (p = "
@@ -230,10 +287,10 @@ def notes(cfg: AuditJobConfig, r: dict) -> list[str]:
         f"same statistic for {t['permutations']} random permutations of the sources' sides "
         f"(the whole cross-fit redone each time): p = (1 + #{{at least as high}}) / "
         f"({t['permutations']} + 1), exact under H0; Monte Carlo error ±{t['mc_error']:.2g}.",
-        "H0: the model scores the suspected sources like unseen ones. The test reads a "
-        "rejection as training only on the premise that the two sets differ by training "
-        "alone; " + _premise_note(r) + " The test cannot tell which files were trained on, "
-        "only that some were.",
+        "H0: the model scores the suspected sources like unseen ones. A rejection reads as "
+        "training on a premise: " + (r.get("premise") or premise(r))["statement"] + ". "
+        + _premise_note(r) + " The test cannot tell which files were trained on, only that "
+        "some were.",
         f"The verdict rests on {d['n_sources_suspected']} suspected and "
         f"{d['n_sources_unseen']} unseen independent sources"
         + (
