@@ -165,10 +165,12 @@ def per_snippet(ids, scored: pd.DataFrame, tag: str, n: int, column: str) -> lis
 
 
 def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path, fp_snip: str,
-               prefixes: dict[str, str], seconds: dict[str, float]) -> dict[str, list]:  # fmt: skip
+               prefixes: dict[str, str], seconds: dict[str, float],
+               label: str = "") -> dict[str, list]:  # fmt: skip
     """The columns of every pass in ``need`` beyond the target and reference, for the
     snippets of ``merged`` (its rows' order), by ``SnippetStats`` field name; each pass's
-    wall seconds in this run go to ``seconds`` (0 when its stage was reused)."""
+    wall seconds in this run go to ``seconds`` (0 when its stage was reused); ``label``
+    prefixes the passes' names in the progress log (the reference's passes)."""
     from mia_ray.pipelines.attack.pools import score_pool, scorer_key
 
     a, rows_dir = cfg.attack, out / "rows"
@@ -184,9 +186,9 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         clock[0] = now
 
     def pool(rows, name: str, fp, **kw) -> pd.DataFrame:
-        log(f"pass {name}: {len(rows)} rows through {cfg.model.name_or_path}")
+        log(f"pass {label}{name}: {len(rows)} rows through {cfg.model.name_or_path}")
         return score_pool(rows, cfg.model, cfg.resources, cfg.model.name_or_path, "", False,
-                          kw.pop("full", False), rows_dir / name, fp, **kw)  # fmt: skip
+                          kw.pop("full", False), rows_dir / name, fp, f"{label}{name}", **kw)  # fmt: skip
 
     for name, column, field in (("recall", "non", "recall_loss"),
                                 ("recall_member", "member", "member_loss")):  # fmt: skip

@@ -64,6 +64,7 @@ def score_pool(
     full: bool,
     out_dir: Path,
     fp: str,
+    what: str = "",
     **passes,
 ):
     """Stream snippets (pandas: snippet_id, text) through one Scorer pool into the ``parts``
@@ -72,7 +73,8 @@ def score_pool(
     from mia_ray.stages import parts_stage
 
     mapper = scorer_mapper(model_cfg, res_cfg, model, prefix, lowercase, full, **passes)
-    return parts_stage(out_dir.parent, out_dir.name, fp, snippets, mapper, model_cfg.batch_size)
+    return parts_stage(out_dir.parent, out_dir.name, fp, snippets, mapper, model_cfg.batch_size,
+                       what=what)  # fmt: skip
 
 
 def scorer_key(model_cfg, res_cfg, name: str | None = None) -> str:

@@ -152,7 +152,7 @@ def _reference_scores(cfg: AttackJobConfig, snip_meta, out: Path, fp_snip, prefi
     rmerged, seconds = _forward_passes(rcfg, snip_meta, out / "reference" / "rows", fp_snip,
                                        name="reference")  # fmt: skip
     rextra = run_passes(rcfg, passes_of(rcfg.attack.attacks), rmerged, out / "reference",
-                        fp_snip, prefixes, seconds)  # fmt: skip
+                        fp_snip, prefixes, seconds, label="reference ")  # fmt: skip
     rs, _, rcols = _score_frames(rcfg, rmerged, rextra, labels)
     ref_loss = rmerged[["snippet_id", "loss"]].rename(columns={"loss": "ref_loss"})
     return rs[["snippet_id", *rcols]], ref_loss, seconds

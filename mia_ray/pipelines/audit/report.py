@@ -288,8 +288,11 @@ def notes(cfg: AuditJobConfig, r: dict) -> list[str]:
         f"(the whole cross-fit redone each time): p = (1 + #{{at least as high}}) / "
         f"({t['permutations']} + 1), exact under H0; Monte Carlo error ±{t['mc_error']:.2g}.",
         "H0: the model scores the suspected sources like unseen ones. A rejection reads as "
-        "training on a premise: " + (r.get("premise") or premise(r))["statement"] + ". "
-        + _premise_note(r) + " The test cannot tell which files were trained on, only that "
+        "training on a premise: "
+        + (r.get("premise") or premise(r))["statement"]
+        + ". "
+        + _premise_note(r)
+        + " The test cannot tell which files were trained on, only that "
         "some were.",
         f"The verdict rests on {d['n_sources_suspected']} suspected and "
         f"{d['n_sources_unseen']} unseen independent sources"
