@@ -175,6 +175,11 @@ def report_snapshot():
                 json.dump(numbers, f, indent=0, sort_keys=True)
         with open(path) as f:
             want = {k: v for k, v in json.load(f).items() if not ignore(k)}
+        # Keys a change added that depend on a model's last bits, in a family's snapshot taken
+        # on another family: left out until a host of that family takes it (update drops the
+        # list).
+        unmeasured = set(want.pop("_unmeasured", []))
+        numbers = {k: v for k, v in numbers.items() if k not in unmeasured}
 
         def same(a, b) -> bool:
             nan = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
