@@ -149,7 +149,7 @@ def one_world(i: int, seed: int, n_pool: int, scenario: str, pool, variants, mod
     out = {"words": words["reject"], "blind": blind["reject"],
            **{f"blind_{k}": v["reject"] for k, v in blind["parts"].items()}}  # fmt: skip
     F_ref = file_matrix(files, rows(ref), files)
-    out["reference"] = permutation_test(design(F_ref, True), permutations, i, ALPHA)["reject"]
+    out["reference"] = permutation_test(design(F_ref, False), permutations, i, ALPHA)["reject"]
     for m in models:
         F = file_matrix(files, rows(m), files)
         out[f"test:{m}"] = permutation_test(design(F, True), permutations, i, ALPHA)["reject"]
@@ -205,7 +205,7 @@ def one_feature_world(i: int, seed: int, name: str, permutations: int) -> dict:
     t0 = time.perf_counter()
     design = design_of(files, file_matrix(w.unit_files, w.X, ids), cfg, nonneg=True)
     out = {"test:target": permutation_test(design, permutations, i, ALPHA)["reject"]}
-    ref = design.with_features(file_matrix(w.unit_files, X_ref, ids), nonneg=True)
+    ref = design.with_features(file_matrix(w.unit_files, X_ref, ids), nonneg=False)
     out["reference"] = permutation_test(ref, permutations, i, ALPHA)["reject"]
     if w.texts is not None:
         T = text_matrix(w.unit_files, w.texts, ids)

@@ -14,10 +14,12 @@ No check can prove the premise; each can falsify it, and each sees only some dif
     compressibility, repeated 4-grams, word / sentence / line lengths, digits, non-ASCII,
     punctuation, layout whitespace), standardized like the model's features.
 
-- the **reference check** (``model.reference``): the dataset test itself, weights >= 0, on
-  the reference model's own features (the same attacks on the same snippets). A model that
-  never saw the files cannot score the suspected ones as more trained-on because of
-  training; if it does, the difference is in the texts.
+- the **reference check** (``model.reference``): the dataset test's cross-fit with free
+  weights (two-sided in effect) on the reference model's own features (the same attacks on
+  the same snippets). A model that never saw the files cannot score the two sets apart
+  because of training; if it does, in any direction, the difference is in the texts. (The
+  one-sided version, weights >= 0, missed text that is harder on most features and easier
+  on one: measured in VALIDITY.md's token-level section.)
 
 What is left unseen: a difference that a model sees, that none of these views shows and that
 the reference model does not share (or any such difference, without a reference).
@@ -45,8 +47,8 @@ BLIND_PARTS = {
     "digits, non-ASCII characters, punctuation and layout (13 statistics)",
 }
 REFERENCE_SEES = (
-    "any difference the reference model scores as more trained-on: the same attacks, "
-    "a model that never saw the files"
+    "any difference in how a model that never saw the files scores the two sets (the same "
+    "attacks, either direction)"
 )
 UNSEEN_WITHOUT_REFERENCE = (
     "differences a model sees but the blind check's words, characters and surface "
