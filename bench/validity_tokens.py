@@ -117,6 +117,14 @@ def scored_pool(models: dict[str, str], texts, prefix_docs, cache: Path, max_len
     return out, variants
 
 
+def reference_check(d, permutations: int, seed: int) -> bool:
+    """The audit's reference check: weights >= 0 and free, one min-p test."""
+    from mia_ray.detectors.dataset_inference import joint_permutation_test
+
+    views = {"one-sided": d, "two-sided": d.with_features(d.F, nonneg=False)}
+    return joint_permutation_test(views, permutations, seed, ALPHA)["reject"]
+
+
 def one_world(i: int, seed: int, n_pool: int, scenario: str, pool, variants, models, ref: str,
               permutations: int) -> dict:  # fmt: skip
     from mia_ray.detectors.dataset_inference import (
@@ -149,7 +157,7 @@ def one_world(i: int, seed: int, n_pool: int, scenario: str, pool, variants, mod
     out = {"words": words["reject"], "blind": blind["reject"],
            **{f"blind_{k}": v["reject"] for k, v in blind["parts"].items()}}  # fmt: skip
     F_ref = file_matrix(files, rows(ref), files)
-    out["reference"] = permutation_test(design(F_ref, False), permutations, i, ALPHA)["reject"]
+    out["reference"] = reference_check(design(F_ref, True), permutations, i)
     for m in models:
         F = file_matrix(files, rows(m), files)
         out[f"test:{m}"] = permutation_test(design(F, True), permutations, i, ALPHA)["reject"]
@@ -205,8 +213,8 @@ def one_feature_world(i: int, seed: int, name: str, permutations: int) -> dict:
     t0 = time.perf_counter()
     design = design_of(files, file_matrix(w.unit_files, w.X, ids), cfg, nonneg=True)
     out = {"test:target": permutation_test(design, permutations, i, ALPHA)["reject"]}
-    ref = design.with_features(file_matrix(w.unit_files, X_ref, ids), nonneg=False)
-    out["reference"] = permutation_test(ref, permutations, i, ALPHA)["reject"]
+    ref = design.with_features(file_matrix(w.unit_files, X_ref, ids), nonneg=True)
+    out["reference"] = reference_check(ref, permutations, i)
     if w.texts is not None:
         T = text_matrix(w.unit_files, w.texts, ids)
         out["words"] = permutation_test(design.with_features(T, False), permutations, i,

@@ -14,12 +14,13 @@ No check can prove the premise; each can falsify it, and each sees only some dif
     compressibility, repeated 4-grams, word / sentence / line lengths, digits, non-ASCII,
     punctuation, layout whitespace), standardized like the model's features.
 
-- the **reference check** (``model.reference``): the dataset test's cross-fit with free
-  weights (two-sided in effect) on the reference model's own features (the same attacks on
-  the same snippets). A model that never saw the files cannot score the two sets apart
-  because of training; if it does, in any direction, the difference is in the texts. (The
-  one-sided version, weights >= 0, missed text that is harder on most features and easier
-  on one: measured in VALIDITY.md's token-level section.)
+- the **reference check** (``model.reference``): the dataset test's cross-fit on the
+  reference model's own features (the same attacks on the same snippets), with weights >= 0
+  and with free weights, one min-p test over the two. A model that never saw the files
+  cannot score the two sets apart because of training; if it does, in any direction, the
+  difference is in the texts. (Each version alone let shifts past that the other caught:
+  weights >= 0 missed text harder on most features and easier on one, free weights missed
+  text easier on every feature half as often as not; VALIDITY.md's token-level section.)
 
 What is left unseen: a difference that a model sees, that none of these views shows and that
 the reference model does not share (or any such difference, without a reference).

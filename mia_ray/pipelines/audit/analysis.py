@@ -166,12 +166,13 @@ def _checks(cfg, design, snip: pd.DataFrame, ids, features, reference) -> dict:
 
 
 def _reference_check(cfg, snip: pd.DataFrame, reference: pd.DataFrame, features, design) -> dict:
-    """The dataset test's cross-fit with free weights (two-sided in effect) on the reference
-    model's own scores of the snippets: any difference it sees between the sets is in the
-    texts. (Weights >= 0 would see only a shift that makes the suspected files look more
-    trained-on on some feature; measured: text harder on five features and easier on one, or
-    OCR noise, slips past that one-sided check 2-3 times as often as past this.)"""
-    from mia_ray.detectors.dataset_inference import file_matrix, permutation_test
+    """The dataset test's cross-fit on the reference model's own scores of the snippets, twice
+    on the same permutations and joined by min-p: weights >= 0 (a shift that makes the
+    suspected files look more trained-on, the dataset test's own direction) and free weights
+    (any difference, e.g. text harder on most features and easier on one). Any difference a
+    model that never saw the files sees between the sets is in the texts; each version alone
+    missed shifts the other caught (VALIDITY.md, token level)."""
+    from mia_ray.detectors.dataset_inference import file_matrix, joint_permutation_test
     from mia_ray.detectors.premise import REFERENCE_SEES
 
     a = cfg.audit
@@ -182,15 +183,18 @@ def _reference_check(cfg, snip: pd.DataFrame, reference: pd.DataFrame, features,
                                                 validate="one_to_one")  # fmt: skip
     ids = sorted(set(snip["doc_id"]))
     F = file_matrix(rows["doc_id"].to_numpy(), rows[cols].to_numpy(dtype=np.float64), ids)
-    got = permutation_test(design.with_features(F, nonneg=False), a.permutations, a.seed, a.alpha)
+    views = {"one-sided": design.with_features(F, nonneg=True),
+             "two-sided": design.with_features(F, nonneg=False)}  # fmt: skip
+    got = joint_permutation_test(views, a.permutations, a.seed, a.alpha)
     return {
         "model": cfg.model.reference,
         "features": cols,
         "sees": REFERENCE_SEES,
-        "method": "the dataset test's cross-fit with free weights (two-sided in effect: any "
-        "difference counts), same rounds and permutations, on "
-        "the reference model's scores of the same snippets with the same attacks",
+        "method": "the dataset test's cross-fit on the reference's scores of the same snippets "
+        "with the same attacks, weights >= 0 and free weights, one min-p permutation test over "
+        "the two on the same permutations",
         **_check_summary(got),
+        "parts": got["parts"],
     }
 
 
