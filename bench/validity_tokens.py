@@ -279,7 +279,7 @@ def render(summary: dict, fsummary: dict, models: dict[str, str], args, info: di
         f"{args.permutations} --pool {args.pool}` ({info['minutes']:.0f} min on {info['host']}). "
         f"A pool of {args.pool} English Wikipedia leads (none of the demo world's; each cut to "
         f"its first {MAX_WORDS} words) is scored once per shift by "
-        + ", ".join(f"`{n}` ({p})" for n, p in models.items())
+        + ", ".join(f"`{n}`" for n in models)
         + f" and the reference `tiny-ref`, through the project's Scorer (the audit's six default "
         f"features: LOSS, zlib, Min-K% and Min-K%++ at 5 ratios, lowercase, ReCaLL with a prefix "
         f"of {PREFIX_SHOTS} pool leads kept out of every world). Each world draws {N_SUS} "
