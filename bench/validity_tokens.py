@@ -229,17 +229,9 @@ def one_feature_world(i: int, seed: int, name: str, permutations: int) -> dict:
     return out
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (math.nan, math.nan)
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
-
-
 def rate(flags) -> str:
+    from mia_ray.demo.validity_worlds import wilson
+
     flags = list(flags)
     k, n = int(sum(flags)), len(flags)
     lo, hi = wilson(k, n)
@@ -360,6 +352,8 @@ def render(summary: dict, fsummary: dict, models: dict[str, str], args, info: di
 
 
 def holds(flags, level=ALPHA) -> bool:
+    from mia_ray.demo.validity_worlds import wilson
+
     k, n = int(sum(flags)), len(flags)
     return wilson(k, n)[0] <= level
 

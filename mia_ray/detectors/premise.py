@@ -71,10 +71,14 @@ def blind_matrices(
 ) -> dict[str, np.ndarray]:
     """Each view's file rows (n_files, k), in the order of ``files``."""
     texts = [str(t) for t in texts]
+    return _matrices(unit_files, texts, files, surface_matrix(texts))
+
+
+def _matrices(unit_files, texts: list[str], files, S: np.ndarray) -> dict[str, np.ndarray]:
     return {
         "words": text_matrix(unit_files, texts, files),
         "characters": text_matrix(unit_files, texts, files, vectorizer=char_vectorizer()),
-        "surface": file_matrix(unit_files, surface_matrix(texts), files),
+        "surface": file_matrix(unit_files, S, files),
     }
 
 
@@ -90,14 +94,15 @@ def blind_check(
     """The joint test of the three views on ``design``'s groups and sides (free weights):
     :func:`joint_permutation_test`'s summary, each part with what it sees, and ``surface``'s
     largest differences (``contrasts``)."""
-    mats = blind_matrices(unit_files, texts, files)
+    texts = [str(t) for t in texts]
+    S = surface_matrix(texts)  # read once: the surface view and its contrasts
+    mats = _matrices(unit_files, texts, files, S)
     designs = {name: design.with_features(F, nonneg=False) for name, F in mats.items()}
     out = joint_permutation_test(designs, permutations, seed, alpha)
     for name, part in out["parts"].items():
         part["sees"] = BLIND_PARTS[name]
     y = design.side[design.group]
-    out["contrasts"] = surface_contrasts(surface_matrix([str(t) for t in texts]), unit_files,
-                                         files, y)  # fmt: skip
+    out["contrasts"] = surface_contrasts(S, unit_files, files, y)
     return out
 
 

@@ -163,6 +163,11 @@ def verdict(r: dict) -> dict:
         if passed:
             text += f"; {passed} did not reject"
         claim = "no evidence of training"
+    return _with_null(text, claim, null)
+
+
+def _with_null(text: str, claim: str, null) -> dict:
+    """The verdict dict; a rejecting null check is read as its chance of a false alarm."""
     if null and null["reject"]:
         text += (
             f". The null check rejects on two random halves of the unseen sources (p = "
@@ -195,13 +200,7 @@ def _randomized_verdict(r: dict, m: str, p: str, files: str, null) -> dict:
     if said:
         text += ("; " + " and ".join(said) + ", reported only: a random split differs in "
                  f"kind by chance, and each check rejects {t['alpha']:.0%} of random splits")  # fmt: skip
-    if null and null["reject"]:
-        text += (
-            f". The null check rejects on two random halves of the unseen sources (p = "
-            f"{_p(null['p_value'])}): its permutation test is exact, so this is its "
-            f"{null['alpha']:.0%} chance of a false alarm; it says nothing of the suspected files"
-        )
-    return {"text": text + ".", "trained": claim == "evidence of training", "claim": claim}
+    return _with_null(text, claim, null)
 
 
 def _blind_views(blind: dict) -> str:
