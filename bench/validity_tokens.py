@@ -161,6 +161,13 @@ def one_world(i: int, seed: int, n_pool: int, scenario: str, pool, variants, mod
     for m in models:
         F = file_matrix(files, rows(m), files)
         out[f"test:{m}"] = permutation_test(design(F, True), permutations, i, ALPHA)["reject"]
+        # With a reference the audit's test also reads `ref` (LOSS minus the reference's).
+        with_ref = np.column_stack([rows(m), rows(m)[:, 0] - rows(ref)[:, 0]])
+        out[f"test_ref:{m}"] = permutation_test(design(file_matrix(files, with_ref, files), True),
+                                                permutations, i, ALPHA)["reject"]  # fmt: skip
+        F_cal = file_matrix(files, rows(m) - rows(ref), files)
+        out[f"calibrated:{m}"] = permutation_test(design(F_cal, True), permutations, i,
+                                                  ALPHA)["reject"]  # fmt: skip
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -174,7 +181,10 @@ FEATURE_SCENARIOS = {
     "against_0.3": "matched, suspected files -0.6 sd on five features and +0.3 sd on the sixth "
     "(the lowercase mechanism: casing moves it alone)",
     "against_0.6": "the same with +0.6 sd on the sixth",
+    "trained": "H1, for power: matched, 15 of the 30 suspected files trained on (+0.6 sd on "
+    "every feature of the target; the reference reads their texts, not the training)",
 }
+TRAINED_SHIFT, TRAINED_MEMBERS = 0.6, 15  # bench/validity.py's POWER_MEMBERS, its larger shift
 
 
 def feature_world(name: str, i: int, seed: int):
@@ -183,8 +193,14 @@ def feature_world(name: str, i: int, seed: int):
     from mia_ray.demo import validity_worlds as V
 
     rng = V.world_rng(name, seed, i)
+    base = None
     if name == "easier":
         w = V.make_world("easier", rng)
+    elif name == "trained":
+        w = V.make_world("matched", rng, TRAINED_SHIFT, TRAINED_MEMBERS)
+        sd_mean = math.sqrt(V.FILE_SD**2 + V.NOISE_SD**2 / 8)
+        trained = np.isin(w.unit_files, np.array(w.files, dtype=object)[w.member])
+        base = w.X - np.outer(trained, np.full(V.D, TRAINED_SHIFT * sd_mean))
     else:
         w = V.make_world("matched", rng)
         up = float(name.split("_")[1])
@@ -192,7 +208,8 @@ def feature_world(name: str, i: int, seed: int):
         sus = np.array([f.startswith("suspected/") for f in w.unit_files])
         w.X = w.X + np.outer(sus, np.array([-0.6] * (V.D - 1) + [up]) * sd_mean)
         w.h0 = True
-    X_ref = REF_AGREEMENT * w.X + math.sqrt(1 - REF_AGREEMENT**2) * V._corr(rng, w.X.shape[0])
+    base = w.X if base is None else base  # what the texts make of the target's scores
+    X_ref = REF_AGREEMENT * base + math.sqrt(1 - REF_AGREEMENT**2) * V._corr(rng, w.X.shape[0])
     return w, X_ref
 
 
@@ -215,6 +232,12 @@ def one_feature_world(i: int, seed: int, name: str, permutations: int) -> dict:
     out = {"test:target": permutation_test(design, permutations, i, ALPHA)["reject"]}
     ref = design.with_features(file_matrix(w.unit_files, X_ref, ids), nonneg=True)
     out["reference"] = reference_check(ref, permutations, i)
+    with_ref = np.column_stack([w.X, w.X[:, 0] - X_ref[:, 0]])  # f0 as LOSS: the `ref` attack
+    out["test_ref:target"] = permutation_test(
+        design.with_features(file_matrix(w.unit_files, with_ref, ids), nonneg=True),
+        permutations, i, ALPHA)["reject"]  # fmt: skip
+    cal = design.with_features(file_matrix(w.unit_files, w.X - X_ref, ids), nonneg=True)
+    out["calibrated:target"] = permutation_test(cal, permutations, i, ALPHA)["reject"]
     if w.texts is not None:
         T = text_matrix(w.unit_files, w.texts, ids)
         out["words"] = permutation_test(design.with_features(T, False), permutations, i,
@@ -247,13 +270,18 @@ def summarize(records: dict[str, list[dict]], models: list[str]) -> dict:
             r[key] = [bool(x[key]) for x in recs]
         for m in models:
             t = [bool(x[f"test:{m}"]) for x in recs]
+            t_ref = [bool(x[f"test_ref:{m}"]) for x in recs]
+            checked = [a and not x["blind"] and not x["reference"]
+                       for a, x in zip(t_ref, recs, strict=True)]  # fmt: skip
             r[m] = {
                 "test": t,
+                "test_ref": t_ref,
+                "calibrated": [bool(x[f"calibrated:{m}"]) for x in recs],
                 "before": [a and not x["words"] for a, x in zip(t, recs, strict=True)],
                 "text_checks": [a and not x["blind"] for a, x in zip(t, recs, strict=True)],
+                "reference_check_only": checked,
                 "with_reference": [
-                    a and not x["blind"] and not x["reference"]
-                    for a, x in zip(t, recs, strict=True)
+                    a and bool(x[f"calibrated:{m}"]) for a, x in zip(checked, recs, strict=True)
                 ],  # fmt: skip
             }
         r["seconds_median"] = float(np.median([x["seconds"] for x in recs]))
@@ -305,24 +333,30 @@ def render(summary: dict, fsummary: dict, models: dict[str, str], args, info: di
         "",
         "### Claims of training under H0 (all false)",
         "",
-        "`test`: the dataset test rejects. *before*: it rejects and the word check does not "
-        '(the former headline "Evidence that M trained"). *text checks*: it rejects and the '
-        'blind check now does not (without a reference the headline says "training signal, '
-        'premise partly untested"). *with a reference*: neither check rejects either (the '
-        'headline "Evidence that M trained"). Each must be <= 5 % + its Monte Carlo error '
+        "`test`: the dataset test rejects (`+ ref`: with the `ref` feature beside the six, as "
+        "the audit runs it with a reference). `calibrated`: the calibrated test rejects (the "
+        "dataset test on the model's scores minus tiny-ref's). *before*: the test rejects and "
+        'the word check does not (the former headline "Evidence that M trained"). *text '
+        "checks*: it rejects and the blind check now does not (without a reference the "
+        'headline says "training signal, premise partly untested"). *reference check only*: '
+        "the test `+ ref` rejects and neither the blind nor the reference check rejects (the "
+        "previous commit's claim). *with a reference*: the calibrated test rejects as well "
+        '(the headline "Evidence that M trained"). Each must be <= 5 % + its Monte Carlo error '
         f"({100 * 1.96 * math.sqrt(0.05 * 0.95 / args.worlds):.1f} points at {args.worlds} "
         "worlds) to hold.",
         "",
-        "| scenario | model | test rejects | claim before | claim, text checks | claim, with a "
-        "reference |",
-        "|---|---|---|---|---|---|",
+        "| scenario | model | test rejects | test + ref | calibrated | claim before | claim, text "
+        "checks | claim, reference check only | claim, with a reference |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s, r in summary.items():
         for m in names:
             x = r[m]
             lines.append(
-                f"| {s} | {m} | {rate(x['test'])} | {rate(x['before'])} | "
-                f"{rate(x['text_checks'])} | {rate(x['with_reference'])} |"
+                f"| {s} | {m} | {rate(x['test'])} | {rate(x['test_ref'])} | "
+                f"{rate(x['calibrated'])} | "
+                f"{rate(x['before'])} | {rate(x['text_checks'])} | "
+                f"{rate(x['reference_check_only'])} | {rate(x['with_reference'])} |"
             )
     lines += [
         "",
@@ -334,17 +368,22 @@ def render(summary: dict, fsummary: dict, models: dict[str, str], args, info: di
         "x fresh noise of the same correlation, i.e. a reference that reads the same texts and "
         "shares their differences, not the target's training. "
         + "; ".join(f"`{k}`: {v}" for k, v in FEATURE_SCENARIOS.items())
-        + ". The texts of `against_*` are of one kind (the shift is in the scores alone), so no text check can see it: only a reference can.",
+        + ". The texts of `against_*` are of one kind (the shift is in the scores alone), so "
+        "no text check can see it: only a reference can. `trained` is H1: its columns are "
+        "power, the share of worlds where the claim is (rightly) made.",
         "",
-        "| scenario | worlds | test rejects | blind check now | reference check | claim "
-        "before | claim, text checks | claim, with a reference |",
-        "|---|---|---|---|---|---|---|---|",
+        "| scenario | worlds | test rejects | test + ref | calibrated | blind check now | "
+        "reference check | claim before | claim, text checks | claim, reference check only | "
+        "claim, with a reference |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s, r in fsummary.items():
         x = r["target"]
         lines.append(
-            f"| {s} | {r['worlds']} | {rate(x['test'])} | {rate(r['blind'])} | "
-            f"{rate(r['reference'])} | {rate(x['before'])} | {rate(x['text_checks'])} | "
+            f"| {s} | {r['worlds']} | {rate(x['test'])} | {rate(x['test_ref'])} | "
+            f"{rate(x['calibrated'])} | "
+            f"{rate(r['blind'])} | {rate(r['reference'])} | {rate(x['before'])} | "
+            f"{rate(x['text_checks'])} | {rate(x['reference_check_only'])} | "
             f"{rate(x['with_reference'])} |"
         )
     lines += ["", *info["verdicts"], END]
@@ -362,6 +401,13 @@ def verdict_lines(summary: dict, names: list[str], fsummary: dict) -> list[str]:
     out = ["### Does each claim hold its level?", ""]
     for s, r in summary.items():
         parts = []
+        if s == "trained":  # H1: power, not level
+            x = r["target"]
+            out.append(f"- `trained` (H1, power): the claim with a reference is made in "
+                       f"{rate(x['with_reference'])} % of worlds, with the reference check only "
+                       f"{rate(x['reference_check_only'])} %, without a reference "
+                       f"{rate(x['text_checks'])} %.")  # fmt: skip
+            continue
         for m in names if s not in fsummary else ["target"]:
             x = r[m]
             parts.append(

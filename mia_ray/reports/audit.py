@@ -28,7 +28,9 @@ HOW_TO_READ = (
     "files' text with no model (their words, their characters with case kept, and surface "
     "statistics such as repetition, casing and layout), and with a reference model the "
     "reference check runs the dataset test on a model that never saw the files. If either "
-    "rejects, the sets differ in kind and no file is called trained. A check can falsify "
+    "rejects, the sets differ in kind and no file is called trained. With a reference, the "
+    "calibrated test must reject as well: the target's scores minus the reference's, so that "
+    "what both models read in the texts cancels. A check can falsify "
     "the premise, never prove it: the Premise section says what each one sees and what none "
     "could. The null check (two random halves of the unseen files) tests the machinery only. "
     "Each suspected file then gets a p-value, and the files flagged are chosen so that on "
@@ -46,6 +48,8 @@ def _check_rows(r: Mapping[str, Any]) -> list[list[str]]:
         *[(f"blind:{n}", f"  · {n} (adjusted p)") for n in blind.get("parts", {})],
         ("reference_check", "reference check: a model that never saw the files (must not "
                             "reject)"),
+        ("calibrated_test", "calibrated test: the target's scores minus the reference's "
+                            "(must reject too)"),
     ):  # fmt: skip
         if key.startswith("blind:"):
             t = blind["parts"][key[6:]]

@@ -85,6 +85,11 @@ def test_memorising_target_is_caught_and_its_member_files_flagged(
     ref = r["reference_check"]
     assert not ref["reject"] and ref["features"] == [c for c in names_of(r) if c != "ref"]
     assert (out / "reference" / "rows" / "reference").is_dir()
+    # The calibrated test: tiny's scores minus tiny-ref's, feature by feature; tiny memorised
+    # its members and tiny-ref did not, so it rejects as strongly as the dataset test.
+    cal = r["calibrated_test"]
+    assert cal["reject"] and cal["p_value"] == 1 / 2000 and cal["features"] == ref["features"]
+    assert r["per_file"]["withheld"] is None
     null_check_calibrated(out, r)
     assert r["premise"]["all_checks_ran"] and r["premise"]["falsified_by"] == []
     assert r["verdict"]["claim"] == "evidence of training" and r["verdict"]["trained"]
@@ -142,6 +147,9 @@ def test_a_target_that_never_trained_is_cleared(
     r = _audit(tmp_path / "random", audit_inputs, "tiny-random")
     assert not r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] > 0.05
     assert not r["verdict"]["trained"] and r["verdict"]["text"].startswith("No evidence that ")
+    # Nothing tiny-random sees beyond tiny-ref either: no file may be flagged.
+    assert not r["calibrated_test"]["reject"] and r["per_file"]["n_flagged"] == 0
+    assert r["per_file"]["withheld"].startswith("the calibrated test does not reject")
     null_check_calibrated(tmp_path / "random", r)
 
 

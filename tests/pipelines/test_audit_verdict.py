@@ -5,7 +5,7 @@ from mia_ray.pipelines.audit import verdict
 from mia_ray.pipelines.audit.report import premise
 
 
-def _report(p=1e-4, null_p=0.5, blind_p=1.0, ref_p=None, views_p=None, blind=True):
+def _report(p=1e-4, null_p=0.5, blind_p=1.0, ref_p=None, views_p=None, blind=True, cal_p=1e-3):
     def check(q):
         return {"p_value": q, "reject": q <= 0.05, "alpha": 0.05}
 
@@ -24,6 +24,7 @@ def _report(p=1e-4, null_p=0.5, blind_p=1.0, ref_p=None, views_p=None, blind=Tru
         }
     if ref_p is not None:
         r["reference_check"] = {**check(ref_p), "model": "r"}
+        r["calibrated_test"] = {**check(cal_p), "model": "r"}
     return r
 
 
@@ -31,7 +32,8 @@ def test_evidence_only_when_every_check_of_the_premise_ran_and_passed():
     v = verdict(_report(ref_p=0.6))
     assert v == {
         "text": "Evidence that m trained on these files: p = 0.0001, held-out AUC 0.93; 50 of 66 "
-        "files flagged at 5% FDR. It rests on the premise that suspected and unseen files "
+        "files flagged at 5% FDR. m's scores beyond r's separate the sets too (calibrated test "
+        "p = 0.001). It rests on the premise that suspected and unseen files "
         "differ only by training, which the blind check on words, characters and surface (p = 1) "
         "and the reference check on r (p = 0.6) did not falsify.",
         "trained": True,
@@ -113,6 +115,31 @@ def test_a_rejecting_reference_check_means_the_texts_differ():
     )
     prem = premise(_report(ref_p=0.002))
     assert prem["falsified_by"] == ["reference check"] and prem["all_checks_ran"]
+
+
+def test_what_the_reference_also_reads_is_not_evidence_of_training():
+    # The target prefers the suspected files, the reference check does not reject, but the
+    # target's scores minus the reference's do not separate the sets: what the target sees may
+    # be what any model reads in the texts, more weakly in the reference (VALIDITY.md, easier).
+    v = verdict(_report(ref_p=0.3, cal_p=0.2))
+    assert v == {
+        "text": "Not evidence of training: m scores the suspected files above unseen ones (p = "
+        "0.0001, held-out AUC 0.93), but not beyond what r, which never saw the files, scores "
+        "them (the calibrated test on m's scores minus its own: p = 0.2, not below 0.05): the "
+        "difference may be in the texts. No file is called trained.",
+        "trained": False,
+        "claim": "not evidence of training",
+    }
+    # A check that rejects is the stronger reason, and is the one given.
+    v = verdict(_report(ref_p=0.002, cal_p=0.2))
+    assert "reference check p = 0.002" in v["text"] and "calibrated" not in v["text"]
+
+
+def test_a_randomized_split_reports_the_calibrated_test_only():
+    v = verdict({**_report(ref_p=0.5, cal_p=0.3), "design": "randomized"})
+    assert v["claim"] == "evidence of training"
+    assert ("the reference check does not reject (p = 0.5) and the calibrated test does not "
+            "reject (p = 0.3), reported only") in v["text"]  # fmt: skip
 
 
 def test_no_evidence_names_the_checks_that_passed():

@@ -88,8 +88,10 @@ def premise(r: dict) -> dict:
         unseen.append(UNSEEN_WITHOUT_REFERENCE if blind else
                       "differences a model sees (no --reference either)")  # fmt: skip
     else:
-        unseen.append("differences a model sees that the reference model does not share (a "
-                      "reference of another make, or one trained on other text, may miss some)")  # fmt: skip
+        unseen.append("differences a model sees that the reference model reads more weakly than "
+                      "the target or not at all (the calibrated test cancels what the reference "
+                      "reads as strongly; the reference check sees what it reads; a reference of "
+                      "another make, or one trained on other text, may read less)")  # fmt: skip
     if r.get("design") == "randomized":
         return {
             "statement": RANDOMIZED,
@@ -122,7 +124,7 @@ def verdict(r: dict) -> dict:
     pf = r["per_file"]
     files = f"{pf['n_flagged']} of {r['data']['n_suspected']} files flagged at {pf['fdr']:.0%} FDR"
     p = f"p = {_p(t['p_value'])}, held-out AUC {t['statistic']:.2f}"
-    failed = _failed_checks(r)
+    failed, cal = _failed_checks(r), r.get("calibrated_test")
     if r.get("design") == "randomized":
         return _randomized_verdict(r, m, p, files, null)
     if failed:
@@ -141,12 +143,22 @@ def verdict(r: dict) -> dict:
                 "called trained. Give unseen files of the same kind as the suspected ones"
             )
         claim = "not evidence of training"
+    elif t["reject"] and cal and not cal["reject"]:
+        text = (
+            f"Not evidence of training: {m} scores the suspected files above unseen ones ({p}), "
+            f"but not beyond what {cal['model']}, which never saw the files, scores them (the "
+            f"calibrated test on {m}'s scores minus its own: p = {_p(cal['p_value'])}, not below "
+            f"{cal['alpha']:g}): the difference may be in the texts. No file is called trained"
+        )
+        claim = "not evidence of training"
     elif t["reject"] and prem["all_checks_ran"]:
         text = (
-            f"Evidence that {m} trained on these files: {p}; {files}. It rests on the premise "
-            f"that suspected and unseen files differ only by training, which {_passed(r)} "
-            "did not falsify"
-        )
+            f"Evidence that {m} trained on these files: {p}; {files}. "
+            + (f"{m}'s scores beyond {cal['model']}'s separate the sets too (calibrated test "
+               f"p = {_p(cal['p_value'])}). " if cal else "")
+            + "It rests on the premise that suspected and unseen files differ only by training, "
+            f"which {_passed(r)} did not falsify"
+        )  # fmt: skip
         claim = "evidence of training"
     elif t["reject"]:
         text = (
@@ -192,7 +204,8 @@ def _randomized_verdict(r: dict, m: str, p: str, files: str, null) -> dict:
         "split at random into suspected and unseen before the model could train on them)"
     )
     said = []
-    for key, name in (("blind_check", "blind check"), ("reference_check", "reference check")):
+    for key, name in (("blind_check", "blind check"), ("reference_check", "reference check"),
+                      ("calibrated_test", "calibrated test")):  # fmt: skip
         c = r.get(key)
         if c:
             said.append(f"the {name} {'rejects' if c['reject'] else 'does not reject'} "
