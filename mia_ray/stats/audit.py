@@ -7,8 +7,9 @@
   repeated over seeds), whatever their dependence: P(2 * median <= alpha) <= alpha for any
   joint law (Rüschendorf 1982; the quantile aggregation of Meinshausen, Meier & Bühlmann 2009
   with gamma = 1/2; Vovk & Wang 2020).
-- ``conformal_pvalues``: p = (1 + #{calibration scores >= s}) / (n + 1); exactly valid when
-  the test file and the n calibration files are exchangeable, so never below 1 / (n + 1).
+- ``conformal_pvalues``: p = (1 + #{calibration scores >= s}) / (n + 1), as exact fractions;
+  exactly valid when the test file and the n calibration files are exchangeable, so never
+  below 1 / (n + 1).
 - ``benjamini_hochberg``: the step-up rule at level q, in exact arithmetic; conformal
   p-values that share one calibration set and one model are PRDS, so it controls the FDR at
   q for them (Bates et al. 2023); ``by`` controls it under any dependence.
@@ -64,7 +65,9 @@ def two_times_median(pvalues) -> float:
 def conformal_pvalues(test_scores, calibration_scores) -> np.ndarray:
     """(m,) p-values of ``test_scores`` (m,) against ``calibration_scores`` (n,): the share of
     calibration scores at least as high, counting the test score itself (ties go against
-    the test file, so the p-value stays valid)."""
+    the test file, so the p-value stays valid). Exact: an object array of Fractions
+    (1 + k) / (n + 1), so :func:`benjamini_hochberg` decides p = q k / m exactly (a float
+    (1 + k) / (n + 1) lies a rounding error above or below it)."""
     s = np.asarray(test_scores, dtype=np.float64).reshape(-1)
     c = np.sort(np.asarray(calibration_scores, dtype=np.float64).reshape(-1))
     if c.size == 0:
@@ -72,7 +75,7 @@ def conformal_pvalues(test_scores, calibration_scores) -> np.ndarray:
     if not (np.isfinite(s).all() and np.isfinite(c).all()):
         raise MiaError("conformal p-values need finite scores")
     at_least = c.size - np.searchsorted(c, s, side="left")
-    return (1.0 + at_least) / (c.size + 1.0)
+    return np.array([Fraction(1 + int(k), c.size + 1) for k in at_least], dtype=object)
 
 
 def benjamini_hochberg(pvalues, q: float, method: str = "bh") -> tuple[np.ndarray, np.ndarray]:

