@@ -102,6 +102,8 @@ def configure_data_context(no_progress_timeout_s: float = 0.0, progress: bool = 
             handler, logging.FileHandler
         ):
             handler.addFilter(_drop_failure_traces)
+    # Ray Data warns once per process that it shows no progress bars when told not to.
+    logging.getLogger("ray.data._internal.progress").addFilter(_drop_progress_notice)
     warnings.filterwarnings("ignore", message="Use 'expr' instead of 'fn'")
     warnings.filterwarnings("ignore", message="The minimum number of concurrent actors")
 
@@ -112,6 +114,10 @@ def configure_data_context(no_progress_timeout_s: float = 0.0, progress: bool = 
     ctx.raise_original_map_exception = True
     if no_progress_timeout_s:
         ctx.execution_no_progress_timeout_s = no_progress_timeout_s
+
+
+def _drop_progress_notice(record) -> bool:
+    return not record.getMessage().startswith("Progress bars disabled")
 
 
 def _drop_failure_traces(record) -> bool:

@@ -204,8 +204,7 @@ def _randomized_verdict(r: dict, m: str, p: str, files: str, null) -> dict:
         "split at random into suspected and unseen before the model could train on them)"
     )
     said = []
-    for key, name in (("blind_check", "blind check"), ("reference_check", "reference check"),
-                      ("calibrated_test", "calibrated test")):  # fmt: skip
+    for key, name in (("blind_check", "blind check"), ("reference_check", "reference check")):
         c = r.get(key)
         if c:
             said.append(f"the {name} {'rejects' if c['reject'] else 'does not reject'} "
@@ -213,6 +212,11 @@ def _randomized_verdict(r: dict, m: str, p: str, files: str, null) -> dict:
     if said:
         text += ("; " + " and ".join(said) + ", reported only: a random split differs in "
                  f"kind by chance, and each check rejects {t['alpha']:.0%} of random splits")  # fmt: skip
+    cal = r.get("calibrated_test")
+    if cal:
+        text += (f". {m}'s scores minus {cal['model']}'s "
+                 f"{'separate' if cal['reject'] else 'do not separate'} the sets (calibrated "
+                 f"test p = {_p(cal['p_value'])})")  # fmt: skip
     return _with_null(text, claim, null)
 
 
