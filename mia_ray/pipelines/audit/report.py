@@ -287,6 +287,18 @@ def _premise_note(r: dict) -> str:
     return out.strip()
 
 
+def calibration_note(pf: dict) -> str:
+    """The calibration sizes of the two halves with the smallest p-value each allows (the
+    larger half's is ``min_p_value``, the one BH's floor uses)."""
+    small, large = pf["n_calibration"], round(1 / pf["min_p_value"]) - 1
+    if small == large:
+        return (f"A file is ranked against the {small} unseen sources of its half, so no "
+                f"p-value is below 1/{small + 1} = {pf['min_p_value']:.4f}")  # fmt: skip
+    return (f"A file is ranked against the {small} or {large} unseen sources of its half, so "
+            f"no p-value is below 1/{small + 1} = {1 / (small + 1):.4f} in the smaller half and "
+            f"1/{large + 1} = {pf['min_p_value']:.4f} in the larger")  # fmt: skip
+
+
 def _p(p: float) -> str:
     return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
 
@@ -327,10 +339,9 @@ def notes(cfg: AuditJobConfig, r: dict) -> list[str]:
         )
         + ". Files that are not independent but not found so (chapters of one book with no "
         "shared text) must be named by data.group_field (--group-by): no check can see them.",
-        f"Per-file p-values: {pf['scheme']} {pf['guarantee']} With at least "
-        f"{pf['n_calibration']} calibration files in a half the smallest p-value is "
-        f"{pf['min_p_value']:.4f}; at {pf['fdr']:.0%} FDR files can be flagged only when at "
-        f"least {pf['min_flagged_together']} of the {d['n_suspected']} are flagged together.",
+        f"Per-file p-values: {pf['scheme']} {pf['guarantee']} {calibration_note(pf)}; at "
+        f"{pf['fdr']:.0%} FDR files can be flagged only when at least "
+        f"{pf['min_flagged_together']} of the {d['n_suspected']} are flagged together.",
         "A file that is not flagged is not shown unseen: short files, or files the model saw "
         "once, leave little signal.",
     ]
