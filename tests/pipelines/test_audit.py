@@ -409,17 +409,24 @@ def test_report_numbers_match_the_snapshot(tiny_audit, report_snapshot):
 
 
 def test_the_attack_zoo_serves_as_audit_features(tmp_path, ray_local, audit_inputs):
-    """Any attack is a feature (audit.attacks); each extra pass runs on the audit's snippets."""
+    """Any attack is a feature (audit.attacks); each extra pass runs on the audit's snippets.
+    The reference check is off here (it would run every zoo pass on the reference as well):
+    the reference still gives ``ref``, and the verdict says its check did not run."""
     pool = audit_inputs["root"] / "corpus" / "reference_pool.jsonl"
     zoo = "[loss,dc_pdd,pac,samia,neighbourhood,grad_norm]"
     r = _audit(tmp_path / "zoo", audit_inputs, "tiny", "--set", f"audit.attacks={zoo}",
                "--set", f"audit.dc_pdd.corpus={pool}", "--set", "audit.samia.samples=2",
-               "--set", "audit.neighbourhood.n=3", "--set", "audit.pac.copies=2")  # fmt: skip
+               "--set", "audit.neighbourhood.n=3", "--set", "audit.pac.copies=2",
+               "--set", "audit.reference_check=false")  # fmt: skip
     names = r["features"]["names"]
     for attack in ("dc_pdd", "pac", "samia", "neighbourhood", "grad_norm", "ref"):
         assert attack in names
     assert "held_out" not in r["data"] or not r["data"]["held_out"]  # no ReCaLL: none held out
-    assert r["dataset_test"]["reject"] and r["verdict"]["trained"]
+    assert r["dataset_test"]["reject"] and "calibrated_test" not in r
+    assert not (tmp_path / "zoo" / "reference" / "rows").exists()
+    assert r["verdict"]["claim"] == "training signal, premise partly untested"
+    check = r["premise"]["checks"][1]
+    assert not check["ran"] and check["why_not"] == "audit.reference_check is false"
 
 
 def test_con_recall_in_the_audit_needs_member_files():
