@@ -118,11 +118,10 @@ def scored_pool(models: dict[str, str], texts, prefix_docs, cache: Path, max_len
 
 
 def reference_check(d, permutations: int, seed: int) -> bool:
-    """The audit's reference check: weights >= 0 and free, one min-p test."""
-    from mia_ray.detectors.dataset_inference import joint_permutation_test
+    """The audit's reference check (``detectors.premise.reference_check``) rejects."""
+    from mia_ray.detectors.premise import reference_check as check
 
-    views = {"one-sided": d, "two-sided": d.with_features(d.F, nonneg=False)}
-    return joint_permutation_test(views, permutations, seed, ALPHA)["reject"]
+    return check(d, permutations, seed, ALPHA)["reject"]
 
 
 def one_world(i: int, seed: int, n_pool: int, scenario: str, pool, variants, models, ref: str,
@@ -158,14 +157,16 @@ def one_world(i: int, seed: int, n_pool: int, scenario: str, pool, variants, mod
            **{f"blind_{k}": v["reject"] for k, v in blind["parts"].items()}}  # fmt: skip
     F_ref = file_matrix(files, rows(ref), files)
     out["reference"] = reference_check(design(F_ref, True), permutations, i)
+    R = rows(ref)
     for m in models:
-        F = file_matrix(files, rows(m), files)
+        X = rows(m)
+        F = file_matrix(files, X, files)
         out[f"test:{m}"] = permutation_test(design(F, True), permutations, i, ALPHA)["reject"]
         # With a reference the audit's test also reads `ref` (LOSS minus the reference's).
-        with_ref = np.column_stack([rows(m), rows(m)[:, 0] - rows(ref)[:, 0]])
+        with_ref = np.column_stack([X, X[:, 0] - R[:, 0]])
         out[f"test_ref:{m}"] = permutation_test(design(file_matrix(files, with_ref, files), True),
                                                 permutations, i, ALPHA)["reject"]  # fmt: skip
-        F_cal = file_matrix(files, rows(m) - rows(ref), files)
+        F_cal = file_matrix(files, X - R, files)
         out[f"calibrated:{m}"] = permutation_test(design(F_cal, True), permutations, i,
                                                   ALPHA)["reject"]  # fmt: skip
     out["seconds"] = time.perf_counter() - t0

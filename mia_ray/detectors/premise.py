@@ -106,6 +106,16 @@ def blind_check(
     return out
 
 
+def reference_check(design: Design, permutations: int, seed: int, alpha: float) -> dict:
+    """The reference check on ``design`` (its features: the reference model's scores): the
+    cross-fit with weights >= 0 and with free weights, one min-p test over the two on the same
+    permutations (:func:`joint_permutation_test`, with ``parts`` "one-sided" and "two-sided").
+    Each alone missed a shift the other caught (VALIDITY.md, token level)."""
+    views = {"one-sided": design.with_features(design.F, nonneg=True),
+             "two-sided": design.with_features(design.F, nonneg=False)}  # fmt: skip
+    return joint_permutation_test(views, permutations, seed, alpha)
+
+
 def surface_contrasts(S: np.ndarray, unit_files, files, y: np.ndarray, top: int = 3) -> list:
     """The ``top`` surface statistics whose file means differ most between suspected (y = 1)
     and unseen files, as Cohen's d (suspected minus unseen, pooled sd) with both means."""

@@ -173,16 +173,14 @@ def _reference_check(cfg, rows: pd.DataFrame, cols: list[str], ids, design) -> d
     difference, e.g. text harder on most features and easier on one). Any difference a model
     that never saw the files sees between the sets is in the texts; each version alone missed
     shifts the other caught (VALIDITY.md, token level)."""
-    from mia_ray.detectors.dataset_inference import file_matrix, joint_permutation_test
-    from mia_ray.detectors.premise import REFERENCE_SEES
+    from mia_ray.detectors.dataset_inference import file_matrix
+    from mia_ray.detectors.premise import REFERENCE_SEES, reference_check
 
     a = cfg.audit
     log(f"reference check: the dataset test on {cfg.model.reference}'s own scores "
         f"({len(cols)} features), a model that never saw the files")  # fmt: skip
     F = file_matrix(rows["doc_id"].to_numpy(), rows[cols].to_numpy(dtype=np.float64), ids)
-    views = {"one-sided": design.with_features(F, nonneg=True),
-             "two-sided": design.with_features(F, nonneg=False)}  # fmt: skip
-    got = joint_permutation_test(views, a.permutations, a.seed, a.alpha)
+    got = reference_check(design.with_features(F, nonneg=True), a.permutations, a.seed, a.alpha)
     return {
         "model": cfg.model.reference,
         "features": cols,
