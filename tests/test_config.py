@@ -177,9 +177,8 @@ def test_audit_statistics_settings_are_checked():
         with pytest.raises(MiaError, match=message):
             AuditConfig(**kw).validate()
 
-    bad(r"audit.file_rounds \(6\) cannot exceed audit.rounds \(5\)", file_rounds=6)
     bad("audit.permutations must be at least 1, not 0", permutations=0)
     bad("audit.fdr_method must be one of bh, by, not 'holm'", fdr_method="holm")
     bad(r"audit.snippets_per_file must be 0 \(the fewest any file has\) or more, not -1",
         snippets_per_file=-1)  # fmt: skip
-    AuditConfig(file_rounds=5, fdr_method="by", snippets_per_file=4).validate()
+    AuditConfig(fdr_method="by", snippets_per_file=4).validate()

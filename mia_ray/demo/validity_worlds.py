@@ -126,13 +126,23 @@ def _texts(rng, n_snippets: int, words: int, special: np.ndarray | None = None) 
     return [" ".join(r) for r in W]
 
 
-def _members(rng, side: np.ndarray, n_members: int | None) -> np.ndarray:
+def _members(rng, side: np.ndarray, n_members: int | None, source=None) -> np.ndarray:
+    """``n_members`` suspected files trained on, drawn at random; where files come in sources,
+    whole sources are drawn (in random order, until at least ``n_members`` files): a model
+    trains on a book, not on some of its chapters, and a source part-trained would be neither
+    a member nor exchangeable with the unseen ones."""
     member = np.zeros(side.size, dtype=bool)
     if n_members:
         sus = np.flatnonzero(side == 1)
         if n_members > sus.size:
             raise ValueError(f"{n_members} members but only {sus.size} suspected files")
-        member[rng.choice(sus, n_members, replace=False)] = True
+        if source is None or np.unique(source).size == source.size:
+            member[rng.choice(sus, n_members, replace=False)] = True
+            return member
+        for g in rng.permutation(np.unique(source[sus])):
+            if member.sum() >= n_members:
+                break
+            member[source == g] = True
     return member
 
 
@@ -166,6 +176,7 @@ def feature_world(
     m_ref: float | None = None,
     texts: str | None = None,
     h0: bool = True,
+    source_offset=None,
 ) -> World:
     """A feature world. ``counts`` (n_files,) snippets per file, ``side`` (n_files,),
     ``source`` (n_files,) int source ids (default: each file its own); ``offset``: every
@@ -179,7 +190,7 @@ def feature_world(
     source = np.arange(nf) if source is None else np.asarray(source, dtype=np.int64)
     m_ref = float(np.median(counts)) if m_ref is None else float(m_ref)
     sd_mean = math.sqrt(file_sd**2 + source_sd**2 + NOISE_SD**2 / m_ref)
-    member = _members(rng, side, n_members)
+    member = _members(rng, side, n_members, source)
     fidx = np.repeat(np.arange(nf), counts)
     n_src = int(source.max()) + 1
     Z = (
@@ -188,6 +199,8 @@ def feature_world(
         + _corr(rng, fidx.size, tails) * NOISE_SD
     )
     per_file = offset * (side == 1) + shift * member
+    if source_offset is not None:  # a source's own shift, e.g. tied to its size
+        per_file = per_file + np.asarray(source_offset, dtype=np.float64)[source]
     Z += (per_file * sd_mean)[fidx][:, None]
     X = np.exp(Z) if lognormal else Z
     files = _ids(side)
@@ -321,6 +334,20 @@ def heavy_tailed(rng, shift=0.0, n_members=None) -> World:
     return feature_world(
         rng, "heavy_tailed", counts=[8] * 70, side=_sides(30, 40), tails="t3",
         shift=shift, n_members=n_members,
+    )  # fmt: skip
+
+
+def source_size(rng, shift=0.0, n_members=None) -> World:
+    """20 suspected and 40 unseen sources, each one file or six (even odds, drawn alike on both
+    sides); a six-file source sits 2 sd higher on every feature: its size is tied to its
+    score, so a file drawn at random is more often from a high-scoring source than a source
+    drawn at random is."""
+    sizes = np.where(rng.random(60) < 0.5, 1, 6)
+    src_side = np.r_[np.ones(20, np.int64), np.zeros(40, np.int64)]
+    source = np.repeat(np.arange(60), sizes)
+    return feature_world(
+        rng, "source_size", counts=[8] * source.size, side=src_side[source], source=source,
+        source_offset=2.0 * (sizes == 6), shift=shift, n_members=n_members,
     )  # fmt: skip
 
 
@@ -498,6 +525,9 @@ SCENARIOS: dict[str, Scenario] = {
                               "a ReCaLL column beside the 6 features; 4 unseen prefix files, "
                               "and every file of their sources (which would read likelier "
                               "after the prefix: -1 sd on ReCaLL), held out of the audit"),
+    "source_size": Scenario(source_size, "20 suspected and 40 unseen sources of 1 or 6 files "
+                            "(even odds), six-file sources +2 sd on every feature: a source's "
+                            "size tied to its score"),
     "mixed_sources": Scenario(mixed_sources, "40 suspected and 80 unseen files in sources of 1-8 "
                               "files (source sd 0.7), 1-12 vs 3-24 snippets per file; after: "
                               "sources as groups, k = the fewest snippets"),
@@ -569,6 +599,39 @@ def verdicts(pvalues, flagged_by_q: dict, member: np.ndarray, pick: int | None, 
     return out
 
 
+def source_verdicts(got: dict, design, member_of: dict, ids: list[str], fdrs=FDRS) -> dict:
+    """The per-source view of one world's audit: the share of non-member suspected sources
+    (no file trained on) with p <= 0.05, and at each q the false-discovery proportion of the
+    step-up rule run over sources."""
+    from mia_ray.stats.audit import benjamini_hochberg
+
+    groups = np.flatnonzero(design.side == 1)
+    trained = np.zeros(design.side.size, dtype=bool)
+    for i, g in enumerate(design.group):
+        trained[g] |= bool(member_of[ids[i]])
+    gp = list(got["group_pvalues"][groups])
+    small = np.array([x <= Fraction(1, 20) for x in gp], dtype=bool)
+    non = ~trained[groups]
+    out = {"per_source": _share(small[non])}
+    for q in fdrs:
+        fl = benjamini_hochberg(gp, q)[0]
+        out[f"fdp@{q:g}"] = float((fl & non).sum() / max(int(fl.sum()), 1))
+    return out
+
+
+def _former_per_file(design, got: dict, seed: int, sus, member, pick, fdrs) -> dict:
+    """The former per-file scheme on the same fits (split-conformal in the first round's
+    halves, one file per unseen source), for the comparison in VALIDITY.md."""
+    from mia_ray.detectors.dataset_inference import file_pvalues
+    from mia_ray.stats.audit import benjamini_hochberg
+
+    split = file_pvalues(design, got["rounds"][:1], seed)
+    p = [split[i][0] for i in sus]
+    flagged = {q: benjamini_hochberg(p, q)[0] for q in fdrs}
+    v = verdicts(p, flagged, member, pick, min(split[i][1] for i in sus))
+    return {k: x for k, x in v.items() if k == "per_file" or k.startswith(("fdp@", "members_"))}
+
+
 def after_world(
     world: World,
     permutations: int,
@@ -579,13 +642,14 @@ def after_world(
     rounds: int = ROUNDS,
     alpha: float = ALPHA,
     fdrs=FDRS,
+    former: bool = True,
 ) -> dict:
     """The audit's statistics on one world as ``pipelines/audit.py::analyse`` computes them
-    (``audit.seed`` = ``seed``, ``audit.rounds``, ``audit.C`` = 1)."""
+    (``audit.seed`` = ``seed``, ``audit.rounds``, ``audit.C`` = 1); with ``former``, also the
+    former per-file scheme's numbers (``split``)."""
     from mia_ray.detectors.dataset_inference import (
         audit,
         file_matrix,
-        file_pvalues,
         null_check,
         permutation_test,
         text_matrix,
@@ -620,20 +684,10 @@ def after_world(
         "reject": bool(got["test"]["reject"]),
         "p_value": float(got["test"]["p_value"]),
         **verdicts(pv, flagged, member, pick, min(got["pvalues"][i][1] for i in sus)),
+        "sources": source_verdicts(got, design, member_of, ids, fdrs),
     }
-    # audit.file_rounds = all rounds: the largest p-value over them, beside the default 1.
-    every = file_pvalues(design, got["rounds"], seed)
-    p_all = [every[i][0] for i in sus]
-    v_all = verdicts(
-        p_all,
-        {q: benjamini_hochberg(p_all, q)[0] for q in fdrs},
-        member,
-        pick,
-        min(every[i][1] for i in sus),
-    )
-    out["all_rounds"] = {
-        k: v for k, v in v_all.items() if k == "per_file" or k.startswith(("fdp@", "members_"))
-    }
+    if former:
+        out["split"] = _former_per_file(design, got, seed, sus, member, pick, fdrs)
     if null:
         out["null"] = bool(null_check(design, permutations, seed, alpha)["reject"])
     if blind and world.texts is not None:
@@ -699,9 +753,10 @@ def summarize(records: list[dict], fdrs=FDRS) -> dict:
     for check in ("null", "blind", "blind_words_only", "half_reject"):
         if any(check in r for r in records):
             out[check] = rate(r.get(check) for r in records)
-    if any("all_rounds" in r for r in records):
-        keys = records[0]["all_rounds"]
-        out["all_rounds"] = {k: mean_ci(r["all_rounds"][k] for r in records) for k in keys}
+    for view in ("split", "sources"):
+        if any(view in r for r in records):
+            keys = records[0][view]
+            out[view] = {k: mean_ci(r[view][k] for r in records) for k in keys}
     secs = [r["seconds"] for r in records if "seconds" in r]
     out["seconds_median"] = float(np.median(secs)) if secs else math.nan
     return out
@@ -717,6 +772,7 @@ def run_scenario(
     *,
     null: bool = True,
     blind: bool = True,
+    former: bool = True,
 ) -> dict:
     """The audit ("after") on ``n_worlds`` seeded worlds of scenario ``name``: the dataset
     test's rejection rate at alpha 0.05 (``reject``), per-file P(p <= 0.05) over the non-member
@@ -728,7 +784,7 @@ def run_scenario(
     records = []
     for i in range(n_worlds):
         w = make_world(name, world_rng(name, seed, i), shift, n_members)
-        records.append(after_world(w, permutations, i, null=null, blind=blind))
+        records.append(after_world(w, permutations, i, null=null, blind=blind, former=former))
     out = summarize(records)
     out.update(
         scenario=name,

@@ -1,5 +1,5 @@
 """Dataset inference by cross-fitting (LLM Dataset Inference, Maini et al. 2024), on files,
-with a permutation test of the whole procedure and split-conformal p-values per file.
+with a permutation test of the whole procedure and conformal p-values per file.
 
 Units are files, kept together in *groups* (a source: a book's chapters, a file and its
 near-duplicates; a file alone is its own group). A group is wholly suspected (1) or unseen (0).
@@ -24,12 +24,13 @@ near-duplicates; a file alone is its own group). A group is wholly suspected (1)
   p = (1 + #{T_perm >= T_obs}) / (permutations + 1), exactly valid when the groups' sides are
   exchangeable (H0: the model treats suspected and unseen sources alike), whatever the
   features' distribution, the files' dependence within a group or the fits' quality.
-- :func:`file_pvalues`: in each round a suspected file is ranked against the unseen files of
-  its own held-out half (one file per unseen group), all scored by a model that trained on
-  none of them: a split-conformal p-value (Vovk et al. 2005; Bates et al. 2023). Rounds
-  combine by their maximum, valid under any dependence (P(max p <= t) <= P(p_1 <= t) <= t);
-  the audit uses the first ``audit.file_rounds`` of them (1 by default: the maximum's
-  robustness to the split costs power, measured in VALIDITY.md).
+- :func:`pooled_pvalues` (the audit's per-file p-values): each group's score is fixed
+  without the sides (the mean of its standardized features), and a suspected group is
+  ranked against every unseen group, each weighing its files: exact for a file of a group
+  exchangeable with the unseen ones (see there). :func:`file_pvalues`, the former scheme
+  kept for the comparison in VALIDITY.md: in a round a suspected file is ranked against the
+  unseen files of its own held-out half (one per unseen group), scored by the fit on the
+  other half (split-conformal; Vovk et al. 2005, Bates et al. 2023), the largest over rounds.
 
 Pure numpy/scipy/sklearn: no model, no Ray.
 """
@@ -492,6 +493,50 @@ def file_pvalues(design: Design, rounds: Sequence[Round], seed: int) -> list[tup
     return out
 
 
+def group_rows(design: Design, F: np.ndarray | None = None) -> np.ndarray:
+    """Each group's mean file row (G, d) of ``F`` (the design's rows by default)."""
+    return _file_means(design.group, design.F if F is None else np.asarray(F, float),
+                       design.side.size)  # fmt: skip
+
+
+def pooled_scores(design: Design, F: np.ndarray | None = None) -> np.ndarray:
+    """One score per group (G,), fixed without the sides: the mean of its standardized
+    features, each standardized over every group of both sides (every feature is oriented
+    "higher = member")."""
+    return _standardize(group_rows(design, F)).mean(axis=1)
+
+
+def pooled_pvalues(design: Design, F: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(p (G,), scores (G,)): each suspected group's :func:`pooled_scores` ranked against
+    every unseen group's, each group weighing as many files as it holds (1 for unseen groups):
+
+        p_g = (n_g + sum of n_u over unseen groups u with s_u >= s_g) / (n_g + sum of all n_u)
+
+    a Fraction; with single files, (1 + #{unseen scores >= s_g}) / (n_unseen + 1).
+
+    The score is a function of all groups that ignores which side each is on, so a suspected
+    group exchangeable with the unseen ones (a source the model did not train on, drawn like
+    them) has a score exchangeable with theirs. A file drawn at random from such groups comes
+    from a group drawn in proportion to its size, and the weights are that proportion's
+    likelihood ratio: P(p <= t) <= t exactly for such a file (weighted exchangeability,
+    Tibshirani, Barber, Candes & Ramdas 2019), even when a source's size is tied to its score,
+    where ranking sources alike is exact per source but not per file. Scores symmetric in the
+    calibration and test units keep Benjamini-Hochberg's FDR control on conformal p-values
+    (Marandon, Lei, Mohamed & Roquain 2024; Bates et al. 2023 for a score fixed beforehand)."""
+    s = pooled_scores(design, F)
+    n = np.bincount(design.group, minlength=design.side.size)
+    uns = np.flatnonzero(design.side == 0)
+    order = uns[np.argsort(-s[uns], kind="stable")]
+    cum = np.cumsum(n[order])  # files of the unseen groups scoring at least each in turn
+    total = int(n[uns].sum())
+    p = np.array([Fraction(1)] * s.size, dtype=object)
+    for g in np.flatnonzero(design.side == 1):
+        k = int(np.searchsorted(-s[order], -s[g], side="right"))  # unseen with s_u >= s_g
+        above = int(cum[k - 1]) if k else 0
+        p[g] = Fraction(int(n[g]) + above, int(n[g]) + total)
+    return p, s
+
+
 def _one_per_group(files: np.ndarray, group: np.ndarray, rng) -> np.ndarray:
     order = rng.permutation(files)
     _, first = np.unique(group[order], return_index=True)
@@ -514,23 +559,28 @@ def audit(
     alpha: float,
     fdr: float,
     fdr_method: str = "bh",
-    file_rounds: int = 1,
+    score_F: np.ndarray | None = None,
 ) -> dict:
     """The audit's statistics on one design: ``test`` (:func:`permutation_test`), ``rounds``
-    (:func:`cross_fit`), ``pvalues`` (:func:`file_pvalues` over the first ``file_rounds``
-    rounds, every file), and over the suspected files (``suspected``: their indices) the
-    step-up rule's ``flagged`` and ``adjusted``."""
+    (:func:`cross_fit`), ``group_pvalues`` and ``group_scores`` (:func:`pooled_pvalues` on
+    ``score_F``, the design's rows by default); each file takes its group's: ``pvalues``
+    [(p, unseen files calibrated against)] and ``scores``; over the suspected files
+    (``suspected``: their indices) the step-up rule's ``flagged`` and ``adjusted``."""
     from mia_ray.stats.audit import benjamini_hochberg
 
     test = permutation_test(design, permutations, seed, alpha)
     rounds = cross_fit(design)
-    pv = file_pvalues(design, rounds[:file_rounds], seed)
+    gp, gs = pooled_pvalues(design, score_F)
+    n0 = int((design.side[design.group] == 0).sum())
     sus = np.flatnonzero(design.side[design.group] == 1)
-    flagged, adjusted = benjamini_hochberg([pv[i][0] for i in sus], fdr, fdr_method)
+    flagged, adjusted = benjamini_hochberg([gp[design.group[i]] for i in sus], fdr, fdr_method)
     return {
         "test": test,
         "rounds": rounds,
-        "pvalues": pv,
+        "group_pvalues": gp,
+        "group_scores": gs,
+        "pvalues": [(gp[g], n0 if design.side[g] == 1 else 0) for g in design.group],
+        "scores": gs[design.group],
         "suspected": sus,
         "flagged": flagged,
         "adjusted": adjusted,

@@ -1,5 +1,5 @@
 """Cross-fitted dataset inference: no label leaks, a monotone statistic, an exact permutation
-test, split-conformal p-values per file, sources kept together. The levels themselves are
+test, per-source p-values against every unseen source, sources kept together. The levels themselves are
 measured over many worlds in tests/stats/test_validity.py."""
 
 from fractions import Fraction
@@ -17,6 +17,7 @@ from mia_ray.detectors.dataset_inference import (
     nonneg_quadratic,
     null_side,
     permutation_test,
+    pooled_pvalues,
     text_matrix,
 )
 from mia_ray.errors import MiaError
@@ -129,7 +130,8 @@ def test_planted_signal_is_found_and_members_flagged():
 
 def test_files_less_member_like_than_unseen_cannot_make_it_reject():
     """Harder text: suspected files lower on every feature. The weights are >= 0, so they
-    are all 0, every score ties (AUC 1/2) and no file gets a p-value below 1."""
+    are all 0, every score ties (AUC 1/2); the per-file score ranks them below the unseen
+    files, so none comes near a flag."""
     rng = np.random.default_rng(5)
     _, F, side = _world(rng, 30, 40, shift=-1.0)
     design = _design(F, side)
@@ -137,7 +139,8 @@ def test_files_less_member_like_than_unseen_cannot_make_it_reject():
     assert got["test"]["statistic"] == 0.5 and not got["test"]["reject"]
     assert got["test"]["p_value"] > 0.3
     assert all((c == 0).all() for r in got["rounds"] for c in r.coefs)
-    assert all(got["pvalues"][i][0] == 1 for i in got["suspected"])
+    assert min(got["pvalues"][i][0] for i in got["suspected"]) > Fraction(1, 2)
+    assert not got["flagged"].any()
     # Free weights turn the same difference into "separation": the blind check's setting.
     free = permutation_test(_design(F, side, nonneg=False), 199, 0, 0.05)
     assert free["reject"] and free["statistic"] > 0.75
@@ -260,14 +263,50 @@ def test_the_blind_check_sees_words_that_differ_and_not_words_that_do_not():
     assert not got_same["reject"] and got_differ["reject"] and got_differ["p_value"] == 0.01
 
 
-def test_audit_takes_per_file_p_values_from_the_first_file_rounds():
+def test_pooled_pvalues_rank_each_suspected_source_against_every_unseen_one():
+    """Sources 0-3 suspected, 4-8 unseen; two files in source 0. Each source's row is its
+    files' mean, standardized over all 9 sources whatever their side, and its score is the
+    row's mean; a suspected source is ranked against the 5 unseen ones, each source counting
+    its files."""
+    F = np.array([[2.0, 0.0], [0.0, 2.0], [3.0, 1.0], [-1.0, 0.0], [0.0, 0.0], [0.5, 0.5],
+                  [0.0, 0.0], [1.0, 0.0], [2.0, 2.0], [0.0, -1.0]])  # fmt: skip
+    group = np.array([0, 0, 1, 2, 3, 4, 5, 6, 7, 8])
+    side = np.array([1, 1, 1, 1, 0, 0, 0, 0, 0])
+    design = Design(F, group, side, [0])
+    U = np.array([[1.0, 1.0], [3.0, 1.0], [-1.0, 0.0], [0.0, 0.0], [0.5, 0.5], [0.0, 0.0],
+                  [1.0, 0.0], [2.0, 2.0], [0.0, -1.0]])  # fmt: skip
+    s = ((U - U.mean(0)) / U.std(0)).mean(1)
+    p, scores = pooled_pvalues(design)
+    np.testing.assert_allclose(scores, s)
+    # Source 0 weighs its 2 files: (1, 1) is beaten by (2, 2) alone, (2 + 1) / (2 + 5);
+    # (3, 1) by (2, 2) alone too: 2/6; (-1, 0) by four (y's sd is the smaller, so (0, -1)
+    # scores lower): 5/6; (0, 0) ties with the unseen (0, 0), which counts against it.
+    assert s[7] > s[1] > s[0] and s[3] == s[5] and s[2] > s[8]
+    assert list(p) == [Fraction(3, 7), Fraction(2, 6), Fraction(5, 6),
+                       Fraction(1 + int((s[4:] >= s[3]).sum()), 6)] + [1] * 5  # fmt: skip
+
+
+def test_a_source_weighs_its_files_in_calibration_and_its_files_share_its_p_value():
+    """Suspected: sources 0-3 of 5 files and 4 single files; unseen: 56 single files and 2
+    sources of 5 (66 unseen files). A source of n files is ranked with every unseen file
+    counted: p = (n + files of unseen sources scoring at least as high) / (n + 66)."""
     rng = np.random.default_rng(10)
-    _, F, side = _world(rng, 10, 30, shift=1.0, n_members=5)
-    design = _design(F, side, seeds=[0, 1, 2])
-    rounds = cross_fit(design)
-    for k in (1, 3):
-        got = audit(design, 19, 0, 0.05, 0.2, file_rounds=k)
-        assert got["pvalues"] == file_pvalues(design, rounds[:k], 0)
-    one = audit(design, 19, 0, 0.05, 0.2)["pvalues"]
-    three = audit(design, 19, 0, 0.05, 0.2, file_rounds=3)["pvalues"]
-    assert all(a[0] <= b[0] for a, b in zip(one, three, strict=True))  # the largest over more
+    group = np.concatenate([np.repeat(np.arange(4), 5), np.arange(4, 64),
+                            np.repeat([64, 65], 5)])  # fmt: skip
+    side = (np.arange(66) < 8).astype(int)
+    F = rng.normal(size=(group.size, 3)) + 2.5 * (group < 2)[:, None]
+    design = Design(F, group, side, [0, 1])
+    got = audit(design, 19, 0, 0.05, 0.2)
+    p, s = got["group_pvalues"], got["group_scores"]
+    sizes = np.bincount(group)
+    for g in range(8):
+        above = sum(int(sizes[u]) for u in range(8, 66) if s[u] >= s[g])
+        assert p[g] == Fraction(int(sizes[g]) + above, int(sizes[g]) + 66)
+    sus = got["suspected"]
+    assert sus.size == 24 and {got["pvalues"][i][1] for i in sus} == {66}
+    assert all(got["pvalues"][i][0] == p[group[i]] for i in sus)
+    # The two shifted sources lead every unseen one: 5 / 71 each, and their 10 files are
+    # flagged together at q = 0.2 (the 10th smallest of 24 p-values <= 0.2 x 10 / 24),
+    # nothing else.
+    assert p[0] == p[1] == Fraction(5, 71)
+    assert [bool(f) for f in got["flagged"]] == [g < 2 for g in group[sus]]

@@ -109,11 +109,9 @@ def test_memorising_target_is_caught_and_its_member_files_flagged(
     for f in r["files"]:
         assert (f["verdict"] == "trained") == (f["q_value"] <= 0.1)
         assert f["p_value"] >= r["per_file"]["min_p_value"] - 1e-12
-    assert r["per_file"]["n_calibration"] == r["data"]["n_unseen"] // 2
+    assert r["per_file"]["n_calibration"] == r["data"]["n_unseen"]
     assert r["data"]["n_unseen"] == len(r["unseen_files"]) == r["data"]["n_sources_unseen"]
-    assert {f["n_calibration"] for f in r["files"]} <= {
-        r["data"]["n_unseen"] // 2 + x for x in (0, 1)
-    }
+    assert {f["n_calibration"] for f in r["files"]} == {r["data"]["n_unseen"]}
     # The same number of full-size snippets for every file.
     k = r["lengths"]["snippets_per_file"]
     assert k >= 1 and {f["n_snippets"] for f in r["files"]} == {k}
@@ -286,10 +284,9 @@ def test_too_few_unseen_files_for_any_verdict_is_an_error(
         [*_base(audit_inputs, tmp_path), "--unseen", str(uns)],
         # The one minimum counts the 4 files ReCaLL's prefix holds out (default features).
         "--unseen has 10 file(s), 4 of them held out for ReCaLL's prefix: a suspected file is "
-        "ranked against at most 3 of them (those in its cross-fitting half), so its p-value is "
-        "at least 1/4 = 0.250 > audit.fdr = 0.05 and no file could ever be flagged; give at "
-        "least 41 unseen files (4 of them for ReCaLL's prefix, held out of the audit) (or raise "
-        "audit.fdr)",
+        "ranked against 6 of them, so its p-value is at least 1/7 = 0.143 > audit.fdr = 0.05 "
+        "and no file could ever be flagged; give at least 23 unseen files (4 of them for "
+        "ReCaLL's prefix, held out of the audit) (or raise audit.fdr)",
     )
     assert not (tmp_path / "out" / "rows").exists()  # stopped before any scoring
 
@@ -298,24 +295,25 @@ def test_check_counts_messages_and_what_the_calibration_allows():
     cfg = AuditJobConfig()
     with pytest.raises(MiaError, match=r"--suspected has 3 file\(s\): the audit needs at least 4 "):
         check_counts(cfg, 3, 40)
-    with pytest.raises(MiaError, match=r"--unseen has 3 source\(s\): .* and 37 unseen sources"):
+    with pytest.raises(MiaError, match=r"--unseen has 3 source\(s\): .* and 19 unseen sources"):
         check_counts(cfg, 10, 3, "source")
-    with pytest.raises(MiaError, match="at most 15 of them .*give at least 37 unseen"):
-        check_counts(cfg, 10, 30)
+    with pytest.raises(MiaError, match="a suspected source is ranked against 15 of them.*give "
+                       "at least 19 unseen sources"):  # fmt: skip
+        check_counts(cfg, 10, 15, "source")
     got = check_counts(cfg, 66, 94)
-    assert got == {"n_calibration": 47, "min_p_value": 1 / 48, "min_flagged_together": 28}
-    # 37 unseen: halves of 18 and 19; a file of the larger half can reach 1/20 = 0.05
-    assert check_counts(cfg, 10, 37)["min_p_value"] == 1 / 20
-    with pytest.raises(MiaError, match="at most 18 of them"):
-        check_counts(cfg, 10, 36)
+    assert got == {"n_calibration": 94, "min_p_value": 1 / 95, "min_flagged_together": 14}
+    # 19 unseen: every suspected file is ranked against all 19 and can reach 1/20 = 0.05
+    assert check_counts(cfg, 10, 19)["min_p_value"] == 1 / 20
+    with pytest.raises(MiaError, match="ranked against 18 of them"):
+        check_counts(cfg, 10, 18)
     # ReCaLL's held-out files are part of the one minimum, in every message.
     with pytest.raises(
         MiaError,
-        match=r"has 40 file\(s\), 4 of them held out .* at most 18 of "
-        r"them .* give at least 41 unseen files \(4 of them for ReCaLL's prefix",
+        match=r"has 22 file\(s\), 4 of them held out .* ranked against 18 of "
+        r"them.* give at least 23 unseen files \(4 of them for ReCaLL's prefix",
     ):
-        check_counts(cfg, 10, 40, held=4)
-    assert check_counts(cfg, 10, 41, held=4)["min_p_value"] == 1 / 20
+        check_counts(cfg, 10, 22, held=4)
+    assert check_counts(cfg, 10, 23, held=4)["min_p_value"] == 1 / 20
     cfg.audit.fdr = 0.5
     with pytest.raises(MiaError, match="null check .* needs 8 of them; give at least 8 unseen"):
         check_counts(cfg, 10, 5)

@@ -37,7 +37,7 @@ def _analyse(snip, files, target, ref):
     cfg.audit.permutations, cfg.audit.rounds = 199, 2
     snip = snip.assign(loss=target[:, 0], zlib=target[:, 1])
     reference = snip[["snippet_id"]].assign(loss=ref[:, 0], zlib=ref[:, 1])
-    calib = {"n_calibration": N_UNS // 2, "min_p_value": 1 / (N_UNS // 2 + 1),
+    calib = {"n_calibration": N_UNS, "min_p_value": 1 / (N_UNS + 1),
              "min_flagged_together": 1}  # fmt: skip
     return analyse(cfg, snip, ["loss", "zlib"], files, {}, calib, reference=reference)
 
@@ -75,3 +75,11 @@ def test_what_only_the_target_learned_stays():
     assert r["verdict"]["claim"] == "evidence of training"
     assert "calibrated test p = 0.005" in r["verdict"]["text"]
     assert r["per_file"]["withheld"] is None
+    # Each file is ranked against all 40 unseen files on its target scores and its target
+    # minus reference scores: the 10 trained files lead (2 sd on the differences, where the
+    # files' own effect has cancelled), and Benjamini-Hochberg flags them and nothing else.
+    pf = r["per_file"]
+    assert pf["n_calibration"] == 40 and "minus the reference's" in pf["score"]
+    flagged = {f["file_id"] for f in r["files"] if f["flagged"]}
+    assert flagged == {f"s{i:02d}" for i in range(10)}
+    assert all(f["p_value"] == 1 / 41 for f in r["files"] if f["flagged"])

@@ -5,7 +5,7 @@ full-size snippets per file (``inputs``) → one Scorer pass per model (target, 
 attack features per snippet → file rows → a cross-fitted monotone discriminant with a
 permutation test of the whole procedure (``detectors.dataset_inference``, after Maini et al.
 2024), a null check (unseen vs unseen) and a blind check (text only, Das et al. 2024) →
-per-file split-conformal p-values → Benjamini-Hochberg in exact arithmetic (``analysis``) →
+per-file conformal p-values against every unseen file → Benjamini-Hochberg in exact arithmetic (``analysis``) →
 the verdict and report (``report``); more evidence from the other pipelines (``methods``).
 """
 

@@ -42,10 +42,6 @@ class AuditConfig:
     fdr_method: str = "bh"
     alpha: float = 0.05  # the dataset-level test's level (and the null and blind checks')
     rounds: int = 5  # cross-fitting repeats (seeds seed .. seed + rounds - 1)
-    # per-file p-values: the largest over the first N rounds' split-conformal p-values. 1: exact
-    # with one calibration set per half; more: a verdict that holds under every one of N
-    # splits (not one lucky seed), at a measured cost in power (VALIDITY.md)
-    file_rounds: int = 1
     seed: int = 0
     # random permutations of the sources' sides for each test: p >= 1 / (permutations + 1)
     permutations: int = 1999
@@ -96,14 +92,9 @@ class AuditConfig:
             {
                 "audit.rounds": self.rounds,
                 "audit.permutations": self.permutations,
-                "audit.file_rounds": self.file_rounds,
             }
         )
         check_permutations("audit.permutations", self.permutations, self.alpha)
-        if self.file_rounds > self.rounds:
-            raise MiaError(
-                f"audit.file_rounds ({self.file_rounds}) cannot exceed audit.rounds ({self.rounds})"
-            )
         check_choice("audit.fdr_method", self.fdr_method, ("bh", "by"))
         check_choice("audit.design", self.design, DESIGNS)
         if self.snippets_per_file < 0:

@@ -227,7 +227,7 @@ def check_counts(
 
     a = cfg.audit
     need = min_calibration_files(a.fdr)
-    floor = max(MIN_GROUPS_PER_SIDE, 2 * need - 1, NULL_CHECK_MIN_UNSEEN if a.null_check else 0)
+    floor = max(MIN_GROUPS_PER_SIDE, need, NULL_CHECK_MIN_UNSEEN if a.null_check else 0)
     least = floor + held
     also = f" ({held} of them for ReCaLL's prefix, held out of the audit)" if held else ""
     has = f"--unseen has {n_unseen} {unit}(s)" + (
@@ -241,25 +241,23 @@ def check_counts(
             f"--{side} has {count} {unit}(s): the audit needs at least {MIN_GROUPS_PER_SIDE} "
             f"suspected and {least} unseen {unit}s{also} (2 of each in each cross-fitting half)"
         )
-    # A file is calibrated against the unseen sources of its own half: n // 2 or n - n // 2.
-    n_cal, n_max = n // 2, n - n // 2
-    if n_max < need:
+    # A suspected source is ranked against every unseen one the audit keeps.
+    if n < need:
         raise MiaError(
-            f"{has}: a suspected file is ranked against at most {n_max} of them (those in its "
-            f"cross-fitting half), so its p-value is at least 1/{n_max + 1} = "
-            f"{1 / (n_max + 1):.3f} > audit.fdr = {a.fdr:g} and no file could ever be "
-            f"flagged; give at least {least} unseen {unit}s{also} (or raise audit.fdr)"
+            f"{has}: a suspected {unit} is ranked against {n} of them, so its p-value is at "
+            f"least 1/{n + 1} = {1 / (n + 1):.3f} > audit.fdr = {a.fdr:g} and no file could "
+            f"ever be flagged; give at least {least} unseen {unit}s{also} (or raise audit.fdr)"
         )
     if a.null_check and n < NULL_CHECK_MIN_UNSEEN:
         raise MiaError(
             f"{has}: the null check (unseen vs unseen) needs {NULL_CHECK_MIN_UNSEEN} of them; "
             f"give at least {least} unseen {unit}s{also}, or set audit.null_check=false"
         )
-    min_p = 1 / (n_max + 1)
+    min_p = 1 / (n + 1)
     return {
-        "n_calibration": n_cal,
+        "n_calibration": n,
         "min_p_value": min_p,
-        # BH flags k of m files only if the k-th smallest p-value is <= fdr * k / m.
+        # BH flags k of m sources only if the k-th smallest p-value is <= fdr * k / m.
         "min_flagged_together": int(np.ceil(n_suspected * min_p / a.fdr - 1e-12)),
     }
 

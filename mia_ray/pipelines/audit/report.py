@@ -9,25 +9,31 @@ import pandas as pd
 from mia_ray.pipelines.audit.config import AuditJobConfig
 
 SCHEME = (
-    "split-conformal: in a cross-fitting round, a suspected file is ranked against one file "
-    "of each unseen source in its own held-out half, all scored by the model fitted on the "
-    "other half, which trained on none of them: p = (1 + #{calibration scores >= the file's}) "
-    "/ (n + 1). The file's p-value is the largest over the first audit.file_rounds rounds."
+    "conformal against every unseen file: each source gets one score fixed without knowing "
+    "which side it is on (the mean of its features, each standardized over every source of "
+    "both sides; with a reference, the target's features and each one minus the "
+    "reference's), and a suspected source of n files is ranked against all unseen sources, "
+    "each counting its files: p = (n + files of unseen sources scoring at least as high) / "
+    "(n + unseen files); for a single file, (1 + #{unseen scores >= its}) / (unseen files + "
+    "1). A file takes its source's p-value (a file alone is its own source); "
+    "Benjamini-Hochberg runs over the suspected files."
 )
 
 
 GUARANTEE = {
-    "bh": "Each p-value is valid: P(p <= t) <= t for a file the model did not train on, "
-    "when its source is exchangeable with the unseen ones (proven: split-conformal, and the "
-    "largest of valid p-values is valid). The p-values of one round and one half share one "
-    "calibration set and one model, so they are PRDS and Benjamini-Hochberg controls the FDR "
-    "at the stated level among them (Bates et al. 2023); for the reported p-values (pooled "
-    "over both halves, and the largest over rounds when audit.file_rounds > 1) PRDS is not "
-    "proven, and the FDR is measured by simulation (VALIDITY.md); audit.fdr_method=by "
-    "controls it under any dependence.",
-    "by": "Each p-value is valid: P(p <= t) <= t for a file the model did not train on (proven: "
-    "split-conformal, and the largest of valid p-values is valid); Benjamini-Yekutieli "
-    "controls the FDR at the stated level under any dependence among them.",
+    "bh": "Each p-value is valid: P(p <= t) <= t for a file of a source the model did not "
+    "train on, when that source is exchangeable with the unseen ones (proven: the score "
+    "ignores the sides, and weighing each source by its files makes it exact for a file "
+    "drawn at random, even when a source's size is tied to its score: weighted "
+    "exchangeability, Tibshirani et al. 2019). Benjamini-Hochberg controls the FDR over files "
+    "at the stated level when every source is one file (proven for conformal p-values whose "
+    "score is symmetric in calibration and test units: Marandon et al. 2024, after Bates et "
+    "al. 2023); with sources of several files it is measured (VALIDITY.md); "
+    "audit.fdr_method=by controls it under any dependence.",
+    "by": "Each p-value is valid: P(p <= t) <= t for a file of a source the model did not "
+    "train on, when that source is exchangeable with the unseen ones (proven: the score "
+    "ignores the sides; each source weighs its files); Benjamini-Yekutieli controls the FDR "
+    "over files at the stated level under any dependence among them.",
 }
 
 
@@ -288,15 +294,9 @@ def _premise_note(r: dict) -> str:
 
 
 def calibration_note(pf: dict) -> str:
-    """The calibration sizes of the two halves with the smallest p-value each allows (the
-    larger half's is ``min_p_value``, the one BH's floor uses)."""
-    small, large = pf["n_calibration"], round(1 / pf["min_p_value"]) - 1
-    if small == large:
-        return (f"A file is ranked against the {small} unseen sources of its half, so no "
-                f"p-value is below 1/{small + 1} = {pf['min_p_value']:.4f}")  # fmt: skip
-    return (f"A file is ranked against the {small} or {large} unseen sources of its half, so "
-            f"no p-value is below 1/{small + 1} = {1 / (small + 1):.4f} in the smaller half and "
-            f"1/{large + 1} = {pf['min_p_value']:.4f} in the larger")  # fmt: skip
+    """The calibration size and the smallest p-value it allows."""
+    return (f"A suspected file is ranked against the {pf['n_calibration']} unseen files, so no "
+            f"p-value is below {pf['min_p_value']:.4f}")  # fmt: skip
 
 
 def _p(p: float) -> str:
