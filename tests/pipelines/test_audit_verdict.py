@@ -5,7 +5,8 @@ from mia_ray.pipelines.audit import verdict
 from mia_ray.pipelines.audit.report import calibration_note, premise
 
 
-def _report(p=1e-4, null_p=0.5, blind_p=1.0, ref_p=None, views_p=None, blind=True, cal_p=1e-3):
+def _report(p=1e-4, null_p=0.5, blind_p=1.0, ref_p=None, views_p=None, blind=True, cal_p=1e-3,
+            flagged=50):  # fmt: skip
     def check(q):
         return {"p_value": q, "reject": q <= 0.05, "alpha": 0.05}
 
@@ -13,7 +14,7 @@ def _report(p=1e-4, null_p=0.5, blind_p=1.0, ref_p=None, views_p=None, blind=Tru
         "model": {"name_or_path": "m", "reference": "r" if ref_p is not None else None},
         "data": {"n_suspected": 66},
         "dataset_test": {"p_value": p, "statistic": 0.93, "reject": p <= 0.05, "alpha": 0.05},
-        "per_file": {"n_flagged": 50, "fdr": 0.05},
+        "per_file": {"n_flagged": flagged, "fdr": 0.05},
         "null_check": check(null_p),
     }
     if blind:
@@ -147,14 +148,33 @@ def test_a_randomized_split_reports_the_calibrated_test_only():
 
 
 def test_no_evidence_names_the_checks_that_passed():
-    v = verdict(_report(p=0.3, ref_p=0.7))
+    v = verdict(_report(p=0.3, ref_p=0.7, flagged=0))
     assert v == {
         "text": "No evidence that m trained on these files: p = 0.3, held-out AUC 0.93 (not below "
-        "0.05); 50 of 66 files flagged at 5% FDR; the blind check on words, characters and surface (p = 1) and "
-        "the reference check on r (p = 0.7) did not reject.",
+        "0.05); 0 of 66 files flagged at 5% FDR; the blind check on words, characters and "
+        "surface (p = 1) and the reference check on r (p = 0.7) did not reject.",
         "trained": False,
         "claim": "no evidence of training",
     }
+
+
+def test_flagged_files_under_a_set_that_does_not_separate_lead_the_headline():
+    """Never "No evidence" above a table of flagged files: a few trained files move the
+    held-out AUC little, and each flag is evidence on its own (Simes)."""
+    v = verdict(_report(p=0.3, ref_p=0.7, flagged=7))
+    assert v == {
+        "text": "Evidence that m trained on some of these files: 7 of 66 files flagged at 5% FDR "
+        "(by Simes' test on the same p-values, a flag when m trained on none of them has a "
+        "chance of at most 5%), though the set as a whole does not separate (p = 0.3, held-out "
+        "AUC 0.93, not below 0.05): a few trained files barely move an average over all; the "
+        "premise rests on the blind check on words, characters and surface (p = 1) and the "
+        "reference check on r (p = 0.7), which did not falsify it.",
+        "trained": False,
+        "claim": "evidence for some files",
+    }
+    untested = verdict(_report(p=0.3, flagged=7))
+    assert untested["claim"] == "evidence for some files"
+    assert "not every check of the premise ran: " in untested["text"]
 
 
 def test_the_premise_lists_what_no_check_could_see():
@@ -185,8 +205,11 @@ def test_a_declared_randomized_split_is_exact_by_design_and_its_checks_are_repor
     prem = premise(r)
     assert prem["kind"].startswith("exact by the owner's randomization")
     assert prem["falsified_by"] == [] and "declared by the user" in prem["statement"]
-    v = verdict({**_report(p=0.4), "design": "randomized"})
+    v = verdict({**_report(p=0.4, flagged=0), "design": "randomized"})
     assert v["claim"] == "no evidence of training"
+    v = verdict({**_report(p=0.4, flagged=3), "design": "randomized"})
+    assert v["claim"] == "evidence for some files"
+    assert v["text"].startswith("Evidence that m trained on some of these files: 3 of 66")
 
 
 def test_the_calibration_note_says_the_floor():

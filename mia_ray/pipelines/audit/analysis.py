@@ -249,11 +249,15 @@ FLAGGED_UNTESTED = "flagged, premise partly untested"
 
 def _withheld(report: dict) -> list[str]:
     """Why no file may be flagged: a check of the premise rejects (the sets differ in kind),
-    or the target's scores beyond the reference's do not separate the sets."""
+    or the dataset test rejects and the target's scores beyond the reference's do not
+    separate the sets."""
     out = [f"the {k.replace('_', ' ')} rejects (suspected and unseen files differ in kind)"
            for k in ("blind_check", "reference_check") if report.get(k, {}).get("reject")]  # fmt: skip
     cal = report.get("calibrated_test")
-    if cal and not cal["reject"]:
+    # Where the dataset test rejects, the calibrated test must too (else the signal may be
+    # the texts'); where neither rejects, flags stand on their own p-values (a few trained
+    # files move neither set-level AUC).
+    if cal and not cal["reject"] and report["dataset_test"]["reject"]:
         out.append("the calibrated test does not reject (the target sees no more than the "
                    "reference model, which never saw the files)")  # fmt: skip
     return out

@@ -123,7 +123,8 @@ def verdict(r: dict) -> dict:
     """The headline and its ``claim``: ``evidence of training`` (the test rejects and every
     check of the premise ran and passed: ``trained`` is true only then), ``training signal,
     premise partly untested`` (the test rejects; a check could not run), ``not evidence of
-    training`` (a check rejects) or ``no evidence of training``."""
+    training`` (a check rejects), :data:`SOME_FILES` (the test does not reject, but files are
+    flagged) or ``no evidence of training``."""
     t, m = r["dataset_test"], r["model"]["name_or_path"]
     null = r.get("null_check")
     prem = r.get("premise") or premise(r)
@@ -173,6 +174,13 @@ def verdict(r: dict) -> dict:
             "alone, and not all of that was tested: " + "; ".join(_untested(r))
         )
         claim = "training signal, premise partly untested"
+    elif pf["n_flagged"]:
+        text = _some_files(r, m, p, files)
+        if prem["all_checks_ran"]:
+            text += f"; the premise rests on {_passed(r)}, which did not falsify it"
+        else:
+            text += "; not every check of the premise ran: " + "; ".join(_untested(r))
+        claim = SOME_FILES
     else:
         text = (
             f"No evidence that {m} trained on these files: {p} (not below {t['alpha']:g}); {files}"
@@ -182,6 +190,23 @@ def verdict(r: dict) -> dict:
             text += f"; {passed} did not reject"
         claim = "no evidence of training"
     return _with_null(text, claim, null)
+
+
+SOME_FILES = "evidence for some files"
+
+
+def _some_files(r: dict, m: str, p: str, files: str) -> str:
+    """The headline when files are flagged but the set as a whole does not separate: the
+    held-out AUC averages over every suspected file, so a few trained ones barely move it,
+    while each flagged file outscores nearly every unseen one. Benjamini-Hochberg flags any
+    file only if Simes' test of "M trained on none of them" rejects at the FDR level."""
+    pf = r["per_file"]
+    return (
+        f"Evidence that {m} trained on some of these files: {files} (by Simes' test on the "
+        f"same p-values, a flag when {m} trained on none of them has a chance of at most "
+        f"{pf['fdr']:.0%}), though the set as a whole does not separate ({p}, not below "
+        f"{r['dataset_test']['alpha']:g}): a few trained files barely move an average over all"
+    )
 
 
 def _with_null(text: str, claim: str, null) -> dict:
@@ -200,6 +225,8 @@ def _randomized_verdict(r: dict, m: str, p: str, files: str, null) -> dict:
     if t["reject"]:
         text = f"Evidence that {m} trained on these files: {p}; {files}"
         claim = "evidence of training"
+    elif r["per_file"]["n_flagged"]:
+        text, claim = _some_files(r, m, p, files), SOME_FILES
     else:
         text = (
             f"No evidence that {m} trained on these files: {p} (not below {t['alpha']:g}); {files}"
