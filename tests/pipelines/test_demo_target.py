@@ -113,3 +113,18 @@ def test_demo_audit_clears_a_model_that_never_saw_the_books(
     assert r["per_file"]["n_flagged"] == 0 and not r["verdict"]["trained"]
     assert not r["reference_check"]["reject"] and not r["calibrated_test"]["reject"]
     assert r["verdict"]["claim"] == "no evidence of training"
+
+
+def test_demo_audit_clears_the_reference_as_target(tmp_path, ray_local):
+    """tiny-ref, which never saw the books, audited as the target (issue 41's held-out world:
+    a small GPT trained on a random half of the scenes, a reference trained on neither): no
+    evidence, and no file flagged."""
+    from mia_ray.config import WorldConfig
+
+    ref = WorldConfig(scale="demo").resolved_root() / "models" / "tiny-ref"
+    args = ["audit", "--config", "jobs/audit_demo.yaml", "--set", f"model.name_or_path={ref}"]
+    assert main([*args, "--out", str(tmp_path / "audit-ref")]) == 0
+    r = json.loads((tmp_path / "audit-ref" / "report.json").read_text())
+    assert not r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] > 0.05
+    assert r["per_file"]["n_flagged"] == 0 and not r["verdict"]["trained"]
+    assert r["verdict"]["claim"] == "no evidence of training"
