@@ -346,6 +346,17 @@ def render(results: list[dict], power: list[dict], args, timing: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+TOKENS_BEGIN = "<!-- token-level:begin -->"  # bench/validity_tokens.py's section, kept
+
+
+def _write_keeping_tokens(out: Path, text: str) -> None:
+    """Write ``text`` to ``out``, keeping the token-level section (and what follows it) that
+    ``bench/validity_tokens.py`` wrote there: the two benches share VALIDITY.md."""
+    old = out.read_text() if out.is_file() else ""
+    tail = old[old.index(TOKENS_BEGIN) :] if TOKENS_BEGIN in old else ""
+    out.write_text(text.rstrip("\n") + "\n\n" + tail if tail else text)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", type=int, default=500)
@@ -382,7 +393,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.render_from:
         got = json.loads(Path(args.render_from).read_text())
-        Path(args.out).write_text(render(got["results"], got["power"], args, got["timing"]))
+        _write_keeping_tokens(
+            Path(args.out), render(got["results"], got["power"], args, got["timing"])
+        )
         return 0
     names = [s for s in args.scenarios.split(",") if s] or list(V.SCENARIOS)
     bb = None if args.blind_before_worlds < 0 else args.blind_before_worlds
@@ -421,7 +434,7 @@ def main(argv=None) -> int:
         power = [r for r in old["power"] if (r["scenario"], r["shift"]) not in new] + power
         timing["total_s"] += old["timing"]["total_s"]
         timing["notes"] = [*old["timing"]["notes"], *notes]
-    Path(args.out).write_text(render(results, power, args, timing))
+    _write_keeping_tokens(Path(args.out), render(results, power, args, timing))
     if args.json:
         Path(args.json).write_text(
             json.dumps({"results": results, "power": power, "timing": timing}, indent=1)
