@@ -346,14 +346,16 @@ def render(results: list[dict], power: list[dict], args, timing: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-TOKENS_BEGIN = "<!-- token-level:begin -->"  # bench/validity_tokens.py's section, kept
+# Kept from the first of these on: notes written by hand on a run, then the token-level
+# section bench/validity_tokens.py writes (the two benches share VALIDITY.md).
+KEPT = ("<!-- kept:begin -->", "<!-- token-level:begin -->")
 
 
 def _write_keeping_tokens(out: Path, text: str) -> None:
-    """Write ``text`` to ``out``, keeping the token-level section (and what follows it) that
-    ``bench/validity_tokens.py`` wrote there: the two benches share VALIDITY.md."""
+    """Write ``text`` to ``out``, keeping what follows the first :data:`KEPT` marker there."""
     old = out.read_text() if out.is_file() else ""
-    tail = old[old.index(TOKENS_BEGIN) :] if TOKENS_BEGIN in old else ""
+    at = [old.index(m) for m in KEPT if m in old]
+    tail = old[min(at) :] if at else ""
     out.write_text(text.rstrip("\n") + "\n\n" + tail if tail else text)
 
 
