@@ -323,6 +323,9 @@ class Workspace:
         rel = self._rel(rel)
         root = self.local / rel
         paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        # Markers after every file, inner folders' before outer ones': a push cut short (a
+        # node lost) must not leave a marker in storage whose folder is not all there.
+        paths.sort(key=lambda p: (p.name == COMPLETE, -len(p.parts) if p.name == COMPLETE else 0))
         n = 0
         for path in paths:
             name = path.relative_to(self.local).as_posix()

@@ -103,6 +103,45 @@ def test_remote_folder_stage_commits_in_storage_and_is_pulled(tmp_path):
         storage.set_current(None)
 
 
+def test_a_push_cut_short_never_leaves_a_marker_without_its_files(tmp_path, monkeypatch):
+    """A node lost while it pushes a stage (the cluster's MemHunter cell): storage holds a
+    marker only once every file of its folder is there, so a new driver computes the stage
+    afresh instead of reusing a folder with its table missing."""
+    uri = f"mock:///bucket-{uuid.uuid4().hex[:8]}/run"
+    first = storage.Workspace(tmp_path / "one", uri, distributed=True)
+    put = storage.Storage.put_file
+
+    def dies_after_one(self, local, rel):
+        if self.files():
+            raise ConnectionError("node lost")
+        put(self, local, rel)
+
+    monkeypatch.setattr(storage.Storage, "put_file", dies_after_one)
+    storage.set_current(first)
+    try:
+        with pytest.raises(ConnectionError, match="node lost"):
+            stages.frame_stage(
+                first.local, "hunter/search-01", "k", lambda: pd.DataFrame({"mu": [0.5]})
+            )
+    finally:
+        storage.set_current(None)
+    assert set(first.storage.files()) == {"hunter/search-01/frame.parquet"}
+    monkeypatch.setattr(storage.Storage, "put_file", put)
+    second = storage.Workspace(tmp_path / "two", uri, distributed=True)
+    storage.set_current(second)
+    try:
+        got = stages.frame_stage(
+            second.local, "hunter/search-01", "k", lambda: pd.DataFrame({"mu": [0.7]})
+        )
+    finally:
+        storage.set_current(None)
+    assert list(got["mu"]) == [0.7]
+    assert set(second.storage.files()) == {
+        "hunter/search-01/frame.parquet",
+        "hunter/search-01/.complete.json",
+    }
+
+
 class _Interrupted:
     """A mapper's output whose stream stops with Ctrl-C after its first block."""
 
