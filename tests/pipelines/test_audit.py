@@ -359,13 +359,26 @@ def test_copycheck_on_request_joins_the_files_table(tmp_path, ray_local, audit_i
         lines = audit_inputs[side].read_text().splitlines()[:n]
         small[side] = tmp_path / f"{side}.jsonl"
         small[side].write_text("\n".join(lines) + "\n")
+    # Storage a place of its own: every part the sub-run checkpoints under with-cc/copycheck
+    # must reach it, and the members trained there come back into with-cc.
+    store = tmp_path / "store"
     r = _audit(
         tmp_path / "with-cc", small, "tiny", "--set", "audit.methods=[copycheck]",
         "--set", settings, "--set", "audit.null_check=false", "--set", "audit.fdr=0.2",
+        "--set", f"resources.storage={store}",
     )  # fmt: skip
     assert len(r["files"]) == 6
     cc = r["methods"]["copycheck"]
     assert cc["out"] == str(tmp_path / "with-cc" / "copycheck") and "files" not in cc
+    assert cc["method"] == "gmm" and "loss_over_entropy" in cc["diagnostics"]
+    # With labels, the verdicts are scored: one experiment per method.
+    assert {"gmm", "prob_tool"} <= set(cc["summary"])
+    assert all(v["n"] == 1 for v in cc["summary"].values())
+    assert (store / "copycheck" / "samples" / "audit" / "mcd" / ".complete.json").is_file()
+    assert list((store / "copycheck" / "samples" / "audit" / "ensemble").glob("part-*.parquet"))
+    assert (store / "copycheck" / "train" / "audit" / "snippets.parquet").is_file()
+    member = tmp_path / "with-cc" / "copycheck" / "train" / "audit" / "ens-1" / ".complete.json"
+    assert member.is_file()
     assert {f["copycheck_verdict"] for f in r["files"]} <= {"seen", "unseen"}
     assert all(0 <= f["copycheck_confidence"] <= 1 for f in r["files"])
     sub = json.loads((tmp_path / "with-cc" / "copycheck" / "report.json").read_text())

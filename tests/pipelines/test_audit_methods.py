@@ -1,5 +1,6 @@
 """`audit.methods`: the other pipelines' configs built from an audit's (unit, no Ray), and
-CopyCheck, MemHunter and the leakage scan run on an audit's folders of the test world."""
+MemHunter and the leakage scan run on an audit's folders of the test world (CopyCheck's run
+through the audit, with storage of its own: tests/pipelines/test_audit.py)."""
 
 import json
 import shutil
@@ -175,47 +176,6 @@ def _world_cfg(folders, methods) -> AuditJobConfig:
     cfg.resources.torch_threads = 1
     cfg.validate()
     return cfg
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_copycheck_gives_each_suspected_file_a_verdict_and_pushes_its_parts(
-    tmp_path, ray_local, audit_folders
-):
-    from mia_ray import storage
-
-    cfg = _world_cfg(audit_folders, ["copycheck"])
-    configs = method_configs(cfg)
-    cc = configs["copycheck"]  # test scale, as tests/pipelines/test_copycheck.py runs it
-    cc.uncertainty.samplers, cc.uncertainty.ensemble_size = ["mcd", "ensemble"], 2
-    cc.uncertainty.n_samples, cc.finetune.lr = 4, 1e-3
-    out = tmp_path / "audit"
-    # A run whose storage is a place of its own: every part the sub-run checkpoints under
-    # out/copycheck must reach it (and the members trained there come back into out).
-    ws = storage.Workspace(out, str(tmp_path / "store"))
-    storage.set_current(ws)
-    try:
-        got = run_methods(cfg, out, configs)
-    finally:
-        storage.set_current(None)
-    s = got["copycheck"]
-    assert s["out"] == str(out / "copycheck") and s["method"] == "gmm"
-    assert set(s["files"]) == {f"file{i}.txt" for i in range(6)} == set(audit_folders["labels"])
-    for v in s["files"].values():
-        assert v["verdict"] in ("seen", "unseen") and 0 <= v["confidence"] <= 1
-    # With labels, the verdicts are scored: one experiment per method (GMM and the others,
-    # and the Prob-Tool baseline).
-    assert {"gmm", "prob_tool"} <= set(s["summary"]) and all(
-        v["n"] == 1 for v in s["summary"].values()
-    )
-    assert "loss_over_entropy" in s["diagnostics"]
-    report = json.loads((out / "copycheck" / "report.json").read_text())
-    assert report["data"]["mode"] == "audit" and (out / "copycheck" / "config.yaml").is_file()
-    store = tmp_path / "store" / "copycheck"
-    assert (store / "samples" / "audit" / "mcd" / ".complete.json").is_file()
-    assert list((store / "samples" / "audit" / "ensemble").glob("part-*.parquet"))
-    assert (store / "train" / "audit" / "snippets.parquet").is_file()
-    assert (out / "copycheck" / "train" / "audit" / "ens-1" / ".complete.json").is_file()
 
 
 @pytest.mark.ray
