@@ -262,15 +262,17 @@ def test_a_solid_core_is_located_from_its_first_literal():
 def test_names_read_at_candidates_equal_the_whole_text_reading_for_every_gap():
     gaps = [" ", "  ", "   ", "\u00a0", " \u00a0", "\t", "\x0b", "\u2028", "\n", " \n", ".", ". ",
             ".  ", ".   ", " .", "", "-"]  # fmt: skip
-    texts = [
-        f"{a}{g}{b}{h}{c}"
+    words = [
+        (a, b, c)
         for a in ("Mary", "Dr", "Mr.", "J.")
         for b in ("Johnson", "J.", "Mary", "Ann")
         for c in ("Smith", "x", "")
-        for g in gaps
-        for h in gaps
     ]
+    # Every pair of gaps, each with 4 of the 48 word triples (seeded): every triple meets
+    # ~24 gap pairs, in a fifth of the time of all 13,872 texts.
+    rng = random.Random(0)
+    texts = [f"{a}{g}{b}{h}{c}" for g in gaps for h in gaps for a, b, c in rng.sample(words, 4)]
     got = pii.scan_pii_many(texts, types=[], names=True)
-    assert sum(map(len, got)) > 500  # names are found, at many gaps
+    assert sum(map(len, got)) > 150  # names are found, at many gaps
     for text, found in zip(texts, got, strict=True):
         assert found == pii.find_person_names(text), repr(text)
