@@ -2,6 +2,7 @@
 filesystem (``mock://``, which goes through the same non-local code path as ``s3://``; a
 real S3-compatible server is exercised in tests/cluster)."""
 
+import time
 import uuid
 from pathlib import Path
 
@@ -191,10 +192,13 @@ def test_gcs_gives_up_after_seconds_not_fifteen_minutes():
     fs, _ = filesystem_of("gs://mia-ray-test-no-such-bucket/docs")
     limit = fs.__reduce__()[1][0]["retry_time_limit"]
     assert limit == datetime.timedelta(seconds=GCS_RETRY_LIMIT_S)
-    # No credentials on this machine (and no network): refused, named, with the remedy.
+    # No credentials on this machine (and no network): refused, named, with the remedy; the
+    # URI's own limit (1 s) wins over the default, and the refusal comes within seconds.
+    started = time.monotonic()
     with pytest.raises(
         MiaError,
-        match=r"^cannot read gs://mia-ray-test-no-such-bucket/docs: the "
+        match=r"^cannot read gs://mia-ray-test-no-such-bucket/docs\?retry_limit_seconds=1: the "
         r"storage refused this machine's credentials .* GOOGLE_APPLICATION_CRED",
     ):
-        resolve_source("gs://mia-ray-test-no-such-bucket/docs")
+        resolve_source("gs://mia-ray-test-no-such-bucket/docs?retry_limit_seconds=1")
+    assert time.monotonic() - started < 2 * GCS_RETRY_LIMIT_S
