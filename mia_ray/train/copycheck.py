@@ -263,6 +263,9 @@ def train_member(
 
         save_blob(model, tmp, adapter_cfg)
     else:
+        from mia_ray.train.lm import quiet_saves
+
+        quiet_saves()
         model.save_pretrained(tmp)
     if adapter.exists():
         import shutil

@@ -70,6 +70,13 @@ class FinetuneSpec:
     warmup_steps: int = 5
 
 
+def quiet_saves() -> None:
+    """No "Writing model shards" bar per save: in a job log it is noise, not progress."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def seed_everything(seed: int) -> None:
     import torch
 
@@ -246,6 +253,7 @@ def train_causal_lm(
     record["tokens_per_s"] = round(record["trained_tokens"] / elapsed, 1) if total else 0.0
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    quiet_saves()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     record["weights_sha256"] = weights_sha256(out)
@@ -334,6 +342,7 @@ def finetune_causal_lm(
     merged.eval()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    quiet_saves()
     merged.save_pretrained(out)
     tok.save_pretrained(out)
     elapsed = time.monotonic() - t0
