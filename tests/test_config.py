@@ -179,6 +179,8 @@ def test_audit_statistics_settings_are_checked():
 
     bad("audit.permutations must be at least 1, not 0", permutations=0)
     bad("audit.fdr_method must be one of bh, by, not 'holm'", fdr_method="holm")
-    bad(r"audit.snippets_per_file must be 0 \(the fewest any file has\) or more, not -1",
+    bad(r"audit.snippets_per_file must be 0 \(chosen from the files' lengths\) or more, not -1",
         snippets_per_file=-1)  # fmt: skip
+    bad(r"audit.short_files \(the share of files, shortest first, that the snippet count may "
+        r"leave out\) must lie in \[0, 0.5\), not 0.5", short_files=0.5)  # fmt: skip
     AuditConfig(fdr_method="by", snippets_per_file=4).validate()

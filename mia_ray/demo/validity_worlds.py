@@ -513,8 +513,9 @@ SCENARIOS: dict[str, Scenario] = {
                                         "per-file effect (sd 0.1)"),
     "token_lengths": Scenario(token_lengths, "token level through score_table: suspected files "
                               "3,000-6,000 words, unseen 300-1,500, 128-word snippets; before: "
-                              "every snippet (tails >= 32 words too), after: k = the fewest "
-                              "full snippets of any file"),
+                              "every snippet (tails >= 32 words too), after: k full snippets "
+                              "of each file, the most all but the shortest 10 % of the files "
+                              "have, the others left out"),
     "small_skewed": Scenario(small_skewed, "4 suspected vs 20 unseen files, 8 snippets each, "
                              "lognormal features"),
     "imbalanced": Scenario(imbalanced, "80 suspected vs 40 unseen files, 8 snippets each"),
@@ -530,7 +531,7 @@ SCENARIOS: dict[str, Scenario] = {
                             "size tied to its score"),
     "mixed_sources": Scenario(mixed_sources, "40 suspected and 80 unseen files in sources of 1-8 "
                               "files (source sd 0.7), 1-12 vs 3-24 snippets per file; after: "
-                              "sources as groups, k = the fewest snippets"),
+                              "sources as groups, k snippets as the audit chooses them"),
 }  # fmt: skip
 
 
@@ -548,20 +549,26 @@ def world_rng(name: str, seed: int, i: int):
 # ---------------------------------------------------------------- the audit, after
 
 
-def equalize(world: World, seed: int) -> np.ndarray:
-    """The rows the audit scores now: full-size snippets only, k of each file (k = the fewest
-    any file has), drawn by ``take_per_file`` as ``select_snippets`` does."""
+def equalize(world: World, seed: int) -> tuple[World, np.ndarray]:
+    """The files and rows the audit scores now: full-size snippets only, k of each file (k by
+    ``snippets_per_file`` at the audit's defaults: the most that all but the shortest 10 %
+    of the files have), files with fewer left out, drawn by ``take_per_file`` as
+    ``select_snippets`` does. Returns the world of the kept files and their rows."""
     from mia_ray.data.snippets import take_per_file
+    from mia_ray.pipelines.audit.config import AuditConfig
+    from mia_ray.pipelines.audit.inputs import snippets_per_file
 
+    full = np.flatnonzero(world.full)
+    counts = pd.Series(world.unit_files[full]).value_counts().reindex(world.files, fill_value=0)
+    a = AuditConfig()
+    k = snippets_per_file(counts.to_numpy(), a.snippets_per_file, 0, a.short_files)
+    if (counts < k).any():
+        world = _files_only(world, (counts >= k).to_numpy(), world.name)
     rows = np.flatnonzero(world.full)
     df = pd.DataFrame(
         {"doc_id": world.unit_files[rows], "snippet_id": world.snippet_ids[rows], "row": rows}
     )
-    counts = df.groupby("doc_id").size().reindex(world.files, fill_value=0)
-    if (counts == 0).any():
-        raise ValueError(f"{world.name}: a file without a full-size snippet")
-    k = int(counts.min())
-    return np.sort(take_per_file(df, k, seed)["row"].to_numpy())
+    return world, np.sort(take_per_file(df, k, seed)["row"].to_numpy())
 
 
 def _share(flags) -> float:
@@ -660,7 +667,7 @@ def after_world(
 
     t0 = time.perf_counter()
     cfg = SimpleNamespace(audit=SimpleNamespace(seed=seed, rounds=rounds, C=C))
-    rows = equalize(world, seed)
+    world, rows = equalize(world, seed)
     units = world.unit_files[rows]
     files = (
         pd.DataFrame({"doc_id": world.files, "side": world.side, "source": world.source})

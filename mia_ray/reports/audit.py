@@ -199,7 +199,8 @@ def render_audit_report(report: Mapping[str, Any], out_path: str | os.PathLike) 
                     rows,
                     ["side", "files", "median words", "fewest", "most", "median full snippets"],
                     caption=f"Every file is scored on {lengths['snippets_per_file']} full-size "
-                    "snippet(s), drawn from its own."
+                    "snippet(s), drawn from its own"
+                    + (f" ({lengths['rule']})." if lengths.get("rule") else ".")
                     + (f" Warning: {lengths['warning']}." if lengths.get("warning") else ""),
                 ),
             )

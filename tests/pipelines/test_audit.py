@@ -328,6 +328,24 @@ def test_check_counts_messages_and_what_the_calibration_allows():
     check_counts(cfg, 10, 12, held=4)
 
 
+def test_snippets_per_file_reads_all_but_the_shortest_files_whatever_their_side():
+    """k = the most full snippets that all files but the shortest 10 % have (both sides
+    pooled, so a relabelling of the sides gives the same k), capped, at least 1; a number
+    asked for wins."""
+    from mia_ray.pipelines.audit.inputs import AUTO_MAX_SNIPPETS, snippets_per_file
+
+    counts = [1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 30, 40, 50, 60, 70, 80, 90, 99, 99, 99]
+    # 20 files: the 2 shortest (10 %) may be left out, so k is the third smallest count.
+    assert snippets_per_file(counts, 0, 0, 0.1) == 3
+    assert snippets_per_file(counts[::-1], 0, 0, 0.1) == 3  # order (and so side) blind
+    assert snippets_per_file(counts, 0, 0, 0.0) == 1  # leave none out: the fewest
+    assert snippets_per_file(counts, 0, 0, 0.45) == 9  # the 9 shortest may go
+    assert snippets_per_file(counts, 0, 2, 0.45) == 2  # data.max_snippets_per_doc caps it
+    assert snippets_per_file([99] * 10, 0, 0, 0.1) == AUTO_MAX_SNIPPETS == 16
+    assert snippets_per_file([0, 0, 0, 5, 5], 0, 0, 0.1) == 1  # files without one: k >= 1
+    assert snippets_per_file(counts, 7, 0, 0.1) == 7  # audit.snippets_per_file asked for
+
+
 def test_flags_set_their_config_keys_and_missing_inputs_are_named(tmp_path, capsys):
     out = tmp_path / "o"
     args = ["audit", "--model", "org/m:v1 #x", "--suspected", "a", "--unseen", "b"]

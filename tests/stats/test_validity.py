@@ -12,7 +12,8 @@ worlds are independent, so each count below is Binomial(N, rate):
 - per-file p-values: in each world one non-member suspected file drawn at random before any
   analysis (``World.pick``) has p <= 0.05 (rate = the mean over such files of P(p <= 0.05),
   <= 0.05; one file per world keeps the worlds' counts independent, where files of one world
-  are not);
+  are not), counted over the worlds whose audit keeps that file (the snippet count leaves
+  the shortest files out);
 - the FDR at q = 0.2: under H0 every flagged file is false, so a world's false-discovery
   proportion is 1 when it flags any file and 0 otherwise, and the FDR is P(any file flagged)
   <= 0.2.
@@ -85,9 +86,12 @@ def test_guarantees_hold_under_h0(name):
     n = WORLDS.get(name, DEFAULT_WORLDS)
     got = run_scenario(name, n, PERMUTATIONS, SEED, null=False, blind=False, former=False)
     test, pick, flagged = got["reject"], got["pick"], got["any_flagged@0.2"]
-    assert test["n"] == n and pick["n"] == n and flagged["n"] == n
+    assert test["n"] == n and flagged["n"] == n
+    # The picked file counts where the audit keeps it: the snippet count leaves out the
+    # shortest files (mixed_sources: 1-snippet files, 73 of 350 picks).
+    assert 0.75 * n <= pick["n"] <= n, pick
     assert test["count"] <= bound(n, 0.05), f"{name}: the dataset test rejects in {test}"
-    assert pick["count"] <= bound(n, 0.05), f"{name}: per-file P(p <= 0.05): {pick}"
+    assert pick["count"] <= bound(pick["n"], 0.05), f"{name}: per-file P(p <= 0.05): {pick}"
     assert flagged["count"] <= bound(n, 0.2), f"{name}: FDR at q = 0.2: {flagged}"
     # Under H0 the FDR is the share of worlds that flag any file (every flag is false).
     assert got["fdr@0.2"]["mean"] == pytest.approx(flagged["rate"])

@@ -46,8 +46,11 @@ class AuditConfig:
     # random permutations of the sources' sides for each test: p >= 1 / (permutations + 1)
     permutations: int = 1999
     # full-size snippets scored per file, drawn (seeded) from each file's; files with fewer
-    # are left out and listed. 0: the fewest any file has (at most data.max_snippets_per_doc)
+    # are left out and listed. 0: the most that all but the shortest `short_files` of the
+    # files have (both sides pooled: blind to the sides), at most data.max_snippets_per_doc
+    # (16 when that is 0)
     snippets_per_file: int = 0
+    short_files: float = 0.1
     # group files that share long word spans (8-grams; data/neardup.py) as one source
     near_duplicates: bool = True
     # features for the linear model (any attack; "ref" joins with model.reference). ReCaLL's
@@ -99,8 +102,13 @@ class AuditConfig:
         check_choice("audit.design", self.design, DESIGNS)
         if self.snippets_per_file < 0:
             raise MiaError(
-                f"audit.snippets_per_file must be 0 (the fewest any file has) or more, not "
-                f"{self.snippets_per_file}"
+                f"audit.snippets_per_file must be 0 (chosen from the files' lengths) or more, "
+                f"not {self.snippets_per_file}"
+            )
+        if not 0 <= self.short_files < 0.5:
+            raise MiaError(
+                f"audit.short_files (the share of files, shortest first, that the snippet "
+                f"count may leave out) must lie in [0, 0.5), not {self.short_files}"
             )
         if self.C <= 0:
             raise MiaError(f"audit.C must be > 0, not {self.C}")

@@ -20,6 +20,9 @@ NULL_CHECK_MIN_UNSEEN = 8  # two pseudo-sides of 4 groups: each still needs 2 pe
 
 
 LENGTH_RATIO_WARNING = 2.0  # median words per file of one side over the other's
+# audit.snippets_per_file 0 reads at most this many full snippets of a file when
+# data.max_snippets_per_doc sets no cap (the cost grows with it; the gain in power flattens)
+AUTO_MAX_SNIPPETS = 16
 
 
 def resolve_world(cfg: AuditJobConfig) -> AuditJobConfig:
@@ -149,12 +152,28 @@ def assign_sources(files: pd.DataFrame, near_duplicates: bool) -> tuple[pd.DataF
     return kept, summary
 
 
+def snippets_per_file(counts, asked: int, cap: int, short_files: float) -> int:
+    """How many full-size snippets every file is scored on: ``asked`` when given; else the
+    most that all files but the shortest ``short_files`` share of them have (``counts``: full
+    snippets per file, both sides pooled), at most ``cap`` (0: :data:`AUTO_MAX_SNIPPETS`)
+    and at least 1. The rule reads the counts of every file and never their side, so it
+    treats a relabelling of the sides alike and every test and p-value stays exact."""
+    if asked:
+        return int(asked)
+    c = np.sort(np.asarray(counts, dtype=np.int64))
+    if c.size == 0:
+        return 1
+    # The files below c[m] are among the m shortest: at most the share asked for.
+    k = int(c[int(np.floor(short_files * c.size + 1e-9))])
+    return max(1, min(k, cap or AUTO_MAX_SNIPPETS))
+
+
 def select_snippets(
     cfg: AuditJobConfig, files: pd.DataFrame
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """The same number of full-size snippets for every file (``audit.snippets_per_file``, or the
-    fewest any file has): files shorter than one snippet, or than the number asked for, are
-    left out. Returns (kept files, snippets (snippet_id, doc_id, text), length summary)."""
+    """The same number of full-size snippets for every file (:func:`snippets_per_file`):
+    files with fewer are left out and listed. Returns (kept files, snippets (snippet_id,
+    doc_id, text), length summary)."""
     import ray
 
     from mia_ray.data.snippets import take_per_file
@@ -167,12 +186,9 @@ def select_snippets(
     if snip.empty:  # no block had a row: Ray gives no columns either
         snip = pd.DataFrame({"snippet_id": [], "doc_id": [], "text": []}, dtype=object)
     counts = snip.groupby("doc_id").size().reindex(files["doc_id"], fill_value=0)
-    k = cfg.audit.snippets_per_file
-    if not k:
-        have = counts[counts > 0]
-        k = int(have.min()) if len(have) else 1
-        if d.max_snippets_per_doc > 0:
-            k = min(k, d.max_snippets_per_doc)
+    a = cfg.audit
+    k = snippets_per_file(counts.to_numpy(), a.snippets_per_file, d.max_snippets_per_doc,
+                          a.short_files)  # fmt: skip
     short = counts[counts < k]
     left_out = [
         {
@@ -181,7 +197,8 @@ def select_snippets(
             "reason": (
                 f"shorter than one full snippet ({d.snippet_size} {d.snippet_unit})"
                 if n == 0
-                else f"{n} full snippet(s), fewer than audit.snippets_per_file = {k}"
+                else f"{n} full snippet(s), fewer than the {k} every file is scored on "
+                "(audit.snippets_per_file)"
             ),
         }
         for doc, n in short.items()
@@ -189,7 +206,16 @@ def select_snippets(
     kept = files[~files["doc_id"].isin(short.index)]
     chosen = take_per_file(snip[snip["doc_id"].isin(kept["doc_id"])], k, cfg.audit.seed)
     words = pd.Series([len(str(t).split()) for t in files["text"]], index=files["doc_id"])
-    lengths = {"snippets_per_file": k}
+    lengths = {
+        "snippets_per_file": k,
+        "rule": (
+            "audit.snippets_per_file"
+            if a.snippets_per_file
+            else f"the most full snippets that all but the shortest {a.short_files:.0%} of the "
+            f"files have (both sides pooled), at most "
+            f"{d.max_snippets_per_doc or AUTO_MAX_SNIPPETS}"
+        ),
+    }
     for side, name in ((1, "suspected"), (0, "unseen")):
         ids = files["doc_id"][files["side"] == side]
         w, c = words[ids], counts[ids]
