@@ -322,10 +322,18 @@ class Workspace:
             return 0
         rel = self._rel(rel)
         root = self.local / rel
-        paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+
         # Markers after every file, inner folders' before outer ones': a push cut short (a
         # node lost) must not leave a marker in storage whose folder is not all there.
-        paths.sort(key=lambda p: (p.name == COMPLETE, -len(p.parts) if p.name == COMPLETE else 0))
+        def order(p: Path):
+            marker = p.name == COMPLETE
+            return (marker, -len(p.parts) if marker else 0, p)
+
+        paths = (
+            [root]
+            if root.is_file()
+            else sorted((p for p in root.rglob("*") if p.is_file()), key=order)
+        )
         n = 0
         for path in paths:
             name = path.relative_to(self.local).as_posix()
