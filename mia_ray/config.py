@@ -81,7 +81,7 @@ class DataConfig:
     # lacks are left out with a note
     unlabelled: str = "error"
     snippet_unit: str = "words"  # words | tokens
-    snippet_size: int = 512
+    snippet_size: int = 512  # 0: as many tokens as the model reads (snippet_unit tokens)
     min_snippet_size: int = (
         32  # a shorter tail of a document is dropped (kept if it is the only one)
     )
@@ -99,8 +99,15 @@ class DataConfig:
             raise MiaError(f"data.unlabelled must be error or skip, not {self.unlabelled!r}")
         if self.snippet_unit not in ("words", "tokens"):
             raise MiaError(f"data.snippet_unit must be words or tokens, not {self.snippet_unit!r}")
-        if self.snippet_size < 1:
-            raise MiaError(f"data.snippet_size must be at least 1, not {self.snippet_size}")
+        if self.snippet_size < 0:
+            raise MiaError(
+                f"data.snippet_size must be 0 (the model's window) or more, not {self.snippet_size}"
+            )
+        if self.snippet_size == 0 and self.snippet_unit != "tokens":
+            raise MiaError(
+                "data.snippet_size 0 (the model's window) counts tokens: set data.snippet_unit "
+                "to tokens, or give a size in words"
+            )
 
 
 @dataclass

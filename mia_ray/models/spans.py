@@ -14,6 +14,24 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def model_context(
+    name_or_path: str, revision: str = "", trust_remote_code: bool = False, gguf_file: str = ""
+) -> int | None:
+    """The model's context in tokens (its position embeddings), or None when its config
+    does not say."""
+    from transformers import AutoConfig
+
+    from mia_ray.storage import localize
+
+    kwargs = {"trust_remote_code": trust_remote_code}
+    if revision:
+        kwargs["revision"] = revision
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    cfg = AutoConfig.from_pretrained(localize(name_or_path), **kwargs)
+    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+
+
 def context_limit(
     name_or_path: str,
     max_length: int,
@@ -22,16 +40,32 @@ def context_limit(
     gguf_file: str = "",
 ) -> int:
     """``max_length`` capped at the model's context (what a Scorer of that model keeps)."""
-    from transformers import AutoConfig
-
-    kwargs = {"trust_remote_code": trust_remote_code}
-    if revision:
-        kwargs["revision"] = revision
-    if gguf_file:
-        kwargs["gguf_file"] = gguf_file
-    cfg = AutoConfig.from_pretrained(name_or_path, **kwargs)
-    ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    ctx = model_context(name_or_path, revision, trust_remote_code, gguf_file)
     return min(max_length, ctx) if ctx else max_length
+
+
+def window_snippet_tokens(models: Sequence[tuple[str, str, bool, str]], max_length: int,
+                          prefix_room: bool) -> int:  # fmt: skip
+    """The snippet size, in tokens of the first model's tokenizer, that every model of
+    ``models`` ((name_or_path, revision, trust_remote_code, gguf_file), the target first)
+    reads whole: ``max_length`` capped at each model's context, less the special tokens its
+    tokenizer adds (a Scorer counts them). ``prefix_room``: ReCaLL reads a prefix before
+    each snippet inside the same context, so a snippet takes at most half of each model's
+    context (``Scorer`` keeps the prefix's last tokens that fit)."""
+    from mia_ray.models.hf import load_tokenizer
+
+    size = max_length
+    for name, rev, trust, gguf in models:
+        ctx = model_context(name, rev, trust, gguf)
+        tok = load_tokenizer(name, rev, trust, gguf)
+        specials = len(tok("a", add_special_tokens=True)["input_ids"]) - len(
+            tok("a", add_special_tokens=False)["input_ids"]
+        )
+        limit = min(max_length, ctx) if ctx else max_length
+        if prefix_room:
+            limit = min(limit, (ctx or max_length) // 2)
+        size = min(size, limit - specials)
+    return max(1, size)
 
 
 def _n_tokens(tok, text: str) -> int:

@@ -38,6 +38,36 @@ def resolve_world(cfg):
     return cfg
 
 
+def fit_snippets_to_window(cfg, attacks=()):
+    """With ``data.snippet_size`` 0 (a snippet as long as the model reads), a copy of ``cfg``
+    whose snippet size is that many tokens: ``model.max_length`` capped at the target's and
+    the reference's context, leaving room for a prefix when one of ``attacks`` reads a
+    snippet after one (ReCaLL, Con-ReCall; :func:`mia_ray.models.spans.window_snippet_tokens`).
+    Else ``cfg`` itself."""
+    if cfg.data.snippet_size:
+        return cfg
+    import copy
+
+    from mia_ray.features.attacks import passes_of
+    from mia_ray.models.spans import window_snippet_tokens
+
+    reads_prefix = bool({"recall", "recall_member"} & set(passes_of(list(attacks))))
+
+    m = cfg.model
+    models = [(m.name_or_path, m.revision, m.trust_remote_code, m.gguf_file)]
+    if m.reference:
+        models.append((m.reference, "", m.trust_remote_code, ""))
+    cfg = copy.deepcopy(cfg)
+    cfg.data.snippet_size = window_snippet_tokens(models, m.max_length, reads_prefix)
+    log(
+        f"snippets of {cfg.data.snippet_size} tokens: what "
+        f"{'both models read' if m.reference else 'the model reads'} of model.max_length "
+        f"{m.max_length}"
+        + (", half of the context left to ReCaLL's prefix" if reads_prefix else "")
+    )
+    return cfg
+
+
 def check_model_early(
     name: str, what: str, revision: str = "", trust_remote_code: bool = False, gguf_file: str = ""
 ) -> int:

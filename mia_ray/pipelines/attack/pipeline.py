@@ -12,6 +12,7 @@ from mia_ray.pipelines.attack.scoring import score_attacks
 from mia_ray.pipelines.common import (
     check_model_early,
     check_target_early,
+    fit_snippets_to_window,
     resolve_world,
 )
 from mia_ray.registry import pipeline
@@ -25,7 +26,7 @@ def resolve(cfg: AttackJobConfig) -> AttackJobConfig:
     if cfg.world.target and not cfg.attack.dc_pdd.corpus:
         pool = Path(cfg.world.resolved_root()) / "corpus" / "reference_pool.jsonl"
         cfg.attack.dc_pdd.corpus = str(pool)
-    return cfg
+    return fit_snippets_to_window(cfg, cfg.attack.attacks)
 
 
 @pipeline(

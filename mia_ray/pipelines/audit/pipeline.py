@@ -13,7 +13,12 @@ from mia_ray.pipelines.audit.inputs import (
     resolve_world,
 )
 from mia_ray.pipelines.audit.report import merge_copycheck, write_outputs
-from mia_ray.pipelines.common import check_model_early, check_target_early, log
+from mia_ray.pipelines.common import (
+    check_model_early,
+    check_target_early,
+    fit_snippets_to_window,
+    log,
+)
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
 
@@ -26,20 +31,27 @@ FLAGS = (
 )
 
 
+def resolve(cfg: AuditJobConfig) -> AuditJobConfig:
+    """The demo world's books and models filled in, and the snippet size fitted to the
+    models' window when ``data.snippet_size`` is 0."""
+    cfg = resolve_world(cfg)
+    return fit_snippets_to_window(cfg, cfg.audit.attack_config(bool(cfg.model.reference)).attacks)
+
+
 @pipeline(
     "audit",
     AuditJobConfig,
     help="did this model train on these files? a dataset-level p-value and per-file verdicts "
     "under false-discovery control",
     flags=FLAGS,
-    resolve=resolve_world,
+    resolve=resolve,
 )
 def run(cfg: AuditJobConfig, out: Path) -> dict:
     from mia_ray.pipelines.attack import score_attacks
     from mia_ray.pipelines.audit.methods import method_configs, run_methods
 
     t0 = time.time()
-    cfg = resolve_world(cfg)
+    cfg = resolve(cfg)
     a = cfg.audit
     methods = method_configs(cfg)  # every requested method's config checks out before any work
     check_target_early(cfg.model, a.attack_config(bool(cfg.model.reference)), "audit")

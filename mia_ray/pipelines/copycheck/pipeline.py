@@ -9,6 +9,7 @@ import pandas as pd
 
 from mia_ray.pipelines.common import (
     check_target_early,
+    fit_snippets_to_window,
     log,
     resolve_world,
 )
@@ -26,7 +27,7 @@ from mia_ray.registry import pipeline
     "copycheck",
     CopyCheckJobConfig,
     help="CopyCheck: which suspected files the model has seen, from fine-tuning uncertainty",
-    resolve=resolve_world,
+    resolve=lambda cfg: fit_snippets_to_window(resolve_world(cfg)),
 )
 def run(cfg: CopyCheckJobConfig, out: Path, scored: pd.DataFrame | None = None) -> dict:
     """``scored``: the target's rows of a pass the caller made over the same snippets with the
@@ -35,7 +36,7 @@ def run(cfg: CopyCheckJobConfig, out: Path, scored: pd.DataFrame | None = None) 
     from mia_ray.reports.io import write_json, write_parquet
 
     t0 = time.time()
-    cfg = resolve_world(cfg)
+    cfg = fit_snippets_to_window(resolve_world(cfg))
     remote_only = cfg.uncertainty.samplers == ["blackbox"] and cfg.backend.kind == "openai"
     if not (remote_only and not cfg.backend.serve):  # an API-only model has no local files
         check_target_early(cfg.model)

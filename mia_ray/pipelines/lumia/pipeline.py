@@ -12,6 +12,7 @@ import pandas as pd
 from mia_ray.pipelines.common import (
     check_target_early,
     fingerprint,
+    fit_snippets_to_window,
     log,
     resolve_world,
 )
@@ -32,7 +33,7 @@ def run_target(cfg: LumiaJobConfig, name: str, out: Path) -> dict[str, Any]:
     from mia_ray.models.hf import is_vision_language
     from mia_ray.reports.io import write_parquet
 
-    cfg = resolve_world(cfg)
+    cfg = fit_snippets_to_window(resolve_world(cfg))
     check_target_early(cfg.model)
     multimodal = is_vision_language(
         cfg.model.name_or_path, cfg.model.revision, cfg.model.trust_remote_code
