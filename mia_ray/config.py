@@ -384,7 +384,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "", base: Any = None) -> Any:
+    """``cls`` from a mapping; a key left out keeps ``base``'s value (else the class's
+    default). A section starts from its field's own default, which may differ from its
+    class's (the audit's ``data`` counts tokens, its ``recall`` takes 4 shots)."""
     if not isinstance(data, dict):
         raise MiaError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
@@ -395,10 +398,18 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
             raise MiaError(f"unknown config key {prefix + key!r}{hint(key, list(fields))}")
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = from_dict(tp, value or {}, prefix + key + ".")
+            f = fields[key]
+            own = (
+                getattr(base, key)
+                if base is not None
+                else f.default_factory()
+                if f.default_factory is not dataclasses.MISSING
+                else None
+            )
+            kwargs[key] = from_dict(tp, value or {}, prefix + key + ".", own)
         else:
             kwargs[key] = _coerce(value, tp, prefix + key)
-    return cls(**kwargs)
+    return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
 
 
 def apply_override(raw: dict[str, Any], cls: type, assignment: str) -> None:

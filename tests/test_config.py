@@ -184,3 +184,34 @@ def test_audit_statistics_settings_are_checked():
     bad(r"audit.short_files \(the share of files, shortest first, that the snippet count may "
         r"leave out\) must lie in \[0, 0.5\), not 0.5", short_files=0.5)  # fmt: skip
     AuditConfig(fdr_method="by", snippets_per_file=4).validate()
+
+
+def test_a_section_set_in_part_keeps_its_fields_own_defaults(tmp_path):
+    """The audit's data section counts tokens and its ReCaLL takes 4 shots, unlike the classes'
+    defaults: setting one key of such a section keeps the rest of the field's defaults (a
+    `--set audit.recall.gamma` once reset the shots to 10)."""
+    from mia_ray.pipelines.audit.config import AuditJobConfig
+
+    need = ["audit.suspected=s", "audit.unseen=u", "model.name_or_path=m"]
+    cfg = load_config(AuditJobConfig, None, need)
+    assert (cfg.data.snippet_unit, cfg.data.snippet_size, cfg.audit.recall.shots) == (
+        "tokens",
+        0,
+        4,
+    )
+    path = _write(
+        tmp_path, "pipeline: audit\ndata:\n  labels: l.json\naudit:\n  recall:\n    gamma: 0.3\n"
+    )
+    cfg = load_config(AuditJobConfig, path, [*need, "data.max_snippets_per_doc=8"])
+    assert (cfg.data.snippet_unit, cfg.data.snippet_size, cfg.data.labels) == (
+        "tokens",
+        0,
+        "l.json",
+    )
+    assert cfg.data.max_snippets_per_doc == 8
+    assert (cfg.audit.recall.shots, cfg.audit.recall.gamma) == (4, 0.3)
+    # Another pipeline's data section keeps the class's words.
+    attack = load_config(
+        AttackJobConfig, None, ["data.path=d", "model.name_or_path=m", "model.reference=r"]
+    )
+    assert (attack.data.snippet_unit, attack.data.snippet_size) == ("words", 512)

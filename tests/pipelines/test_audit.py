@@ -17,9 +17,13 @@ from mia_ray.pipelines.audit.config import AuditJobConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SETTINGS = [
-    "--set", "data.snippet_size=64", "--set", "model.max_length=128",
-    "--set", "resources.torch_threads=1", "--set", "audit.fdr=0.1",
-]  # fmt: skip  # the test world's 31 unseen files calibrate 15 per half: p >= 1/16
+    "--set", "data.snippet_unit=words", "--set", "data.snippet_size=64",
+    "--set", "model.max_length=128", "--set", "resources.torch_threads=1",
+    "--set", "audit.fdr=0.1",
+]  # fmt: skip  # the snapshot's 64-word snippets; the default (the window) below
+# The audit's default: snippets of the models' window in tokens, less ReCaLL's room (the test
+# world's tiny and tiny-ref read 128 tokens: 64).
+WINDOW = ["--set", "data.snippet_unit=tokens", "--set", "data.snippet_size=0"]
 
 
 def _write_jsonl(path, docs):
@@ -142,7 +146,8 @@ def test_rerun_reuses_the_scored_rows_and_gives_the_same_numbers(tiny_audit, aud
 def test_a_target_that_never_trained_is_cleared(
     tmp_path, ray_local, audit_inputs, null_check_calibrated
 ):
-    r = _audit(tmp_path / "random", audit_inputs, "tiny-random")
+    r = _audit(tmp_path / "random", audit_inputs, "tiny-random", *WINDOW)
+    assert r["data"]["snippet"] == "64 tokens"
     assert not r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] > 0.05
     assert not r["verdict"]["trained"] and r["verdict"]["text"].startswith("No evidence that ")
     # Nothing tiny-random sees beyond tiny-ref either, and no file is flagged on its own
@@ -183,7 +188,10 @@ def test_without_a_reference_the_verdict_says_the_premise_is_partly_untested(
 ):
     """tiny memorised its members, but with no reference no check can see a difference a model
     sees and the text checks do not: the headline says so and calls no file "trained"."""
-    r = _audit(tmp_path / "noref", audit_inputs, "tiny", reference="")
+    r = _audit(tmp_path / "noref", audit_inputs, "tiny", *WINDOW, reference="")
+    # Without a reference the window is tiny's alone; its config records the size it ran with.
+    assert r["data"]["snippet"] == "64 tokens"
+    assert "snippet_size: 64\n" in (tmp_path / "noref" / "config.yaml").read_text()
     assert r["dataset_test"]["reject"] and "reference_check" not in r
     assert "ref" not in names_of(r)
     assert r["verdict"]["claim"] == "training signal, premise partly untested"

@@ -82,9 +82,14 @@ def test_demo_audit_catches_tiny_with_its_member_books_flagged(
 ):
     """`make demo`'s first audit: the issue's acceptance numbers."""
     r = _audit(tmp_path / "audit-tiny", "tiny")
-    # 94 unseen scenes, 4 of them ReCaLL's prefix and held out of the audit.
+    # 94 unseen scenes, 4 of them ReCaLL's prefix and held out of the audit; the files with
+    # fewer full snippets than the rest are listed and left out (7 of 156 at 128 tokens).
     held = r["data"]["held_out"]["files_left_out"]
-    assert r["data"]["n_suspected"] == 66 and len(held) == 4 and r["data"]["n_unseen"] == 90
+    left = r["data"]["left_out"]
+    n_left = {side: sum(f["side"] == side for f in left) for side in ("suspected", "unseen")}
+    assert r["data"]["n_suspected"] + n_left["suspected"] == 66 and len(held) == 4
+    assert r["data"]["n_unseen"] + n_left["unseen"] == 90 and len(left) <= 0.1 * 156
+    assert r["data"]["snippet"] == "128 tokens"  # tiny's 256, half left to ReCaLL's prefix
     assert r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] < 1e-3
     # The demo's split is random (declared: audit.design randomized), so its checks are
     # reported, not acted on: each rejects 5 % of random splits, this one's included.
@@ -95,7 +100,8 @@ def test_demo_audit_catches_tiny_with_its_member_books_flagged(
     )
     null_check_calibrated(tmp_path / "audit-tiny", r)
     t = r["truth"]
-    assert t["n_members"] == 50 and t["members_flagged"] >= 0.8 * 50
+    # Of all 50 member books, a left-out one counted as missed.
+    assert t["n_members"] <= 50 and t["members_flagged"] >= 0.8 * 50
     assert t["fdp"] <= 0.1
     # tiny-ref never saw the books: its own scores do not tell the sets apart.
     assert not r["reference_check"]["reject"]
