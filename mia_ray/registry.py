@@ -29,6 +29,7 @@ _PROVIDERS: dict[str, tuple[str, ...]] = {
         "mia_ray.pipelines.demo_world",
         "mia_ray.pipelines.leakage",
         "mia_ray.pipelines.lumia",
+        "mia_ray.pipelines.marks",
         "mia_ray.pipelines.memhunter",
     ),
     "uncertainty": ("mia_ray.features.uncertainty",),

@@ -18,7 +18,18 @@ def test_help_lists_every_verb(capsys):
         main(["--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    for verb in ("attack", "audit", "copycheck", "demo", "leakage", "lumia", "memhunter", "serve"):
+    for verb in (
+        "attack",
+        "audit",
+        "copycheck",
+        "demo",
+        "leakage",
+        "lumia",
+        "mark",
+        "memhunter",
+        "serve",
+        "verify",
+    ):
         assert verb in out
     assert "Min-K%, Min-K%++" in out
 

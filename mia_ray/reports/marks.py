@@ -1,0 +1,84 @@
+"""report.html of `mia-ray verify`: the verdict, its premise, the combined test and a table of
+marks, with the published candidates' ranks against the uniform they follow under H0."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mia_ray.reports.html import (
+    definition_list,
+    img_html,
+    new_figure,
+    page,
+    paragraph,
+    png,
+    table_html,
+)
+from mia_ray.reports.io import write_text
+
+
+def _rank_figure(report: Mapping[str, Any]) -> bytes:
+    """The marks' p-values, sorted, against the uniform quantiles they follow under H0."""
+    import numpy as np
+
+    p = np.sort([m["p_value"] for m in report["marks"]])
+    fig, (ax,) = new_figure(5.0, 3.6)
+    q = (np.arange(1, p.size + 1)) / p.size
+    ax.plot([0, 1], [0, 1], color="0.6", lw=1, label="H0: uniform")
+    ax.step(q, p, where="post", label="marks")
+    ax.set_xlabel("uniform quantile")
+    ax.set_ylabel("mark p-value (sorted)")
+    ax.legend(loc="upper left")
+    return png(fig)
+
+
+def render_verify_report(report: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
+    c, s = report["combined_test"], report["settings"]
+    cols = ["mark_id", "files", "rank", "p_value", "q_value", "verdict"]
+    if report["marks"] and "carrying" in report["marks"][0]:
+        cols.insert(2, "carrying")
+    rows = [{**m, "files": ", ".join(m["files"][:3]) + (" …" if len(m["files"]) > 3 else "")}
+            for m in report["marks"]]  # fmt: skip
+    sections = [
+        ("Verdict", paragraph(report["verdict"]["text"])),
+        (
+            "Premise",
+            definition_list(
+                {
+                    "H0": report["premise"]["statement"],
+                    "why the p-values are exact": report["premise"]["proof"],
+                }
+            ),
+        ),
+        (
+            "Combined test",
+            definition_list(
+                {
+                    "statistic": c["statistic"],
+                    "value": c["value"],
+                    "p-value": c["p_value"],
+                    "marks tested": c["n_marks"],
+                    "Monte Carlo draws": c["draws"],
+                    "smallest possible p": c["smallest_p_value"],
+                    "each mark": f"{s['candidates']} candidates each, {s['length']} {s['kind']}, "
+                    f"{s['copies']} cop{'y' if s['copies'] == 1 else 'ies'} per file, one per {s['per']}",
+                }
+            ),
+        ),  # fmt: skip
+        ("Ranks", img_html(_rank_figure(report), "sorted p-values against uniform quantiles")),
+        (
+            "Marks",
+            table_html(
+                rows,
+                cols,
+                caption="rank 1 = the published candidate scored highest of all K; p = rank / K",
+            ),
+        ),  # fmt: skip
+    ]
+    html = page(
+        f"mia-ray verify: {report['model']}", sections, subtitle=f"key run {report['run_id']}"
+    )
+    return write_text(out_path, html)
