@@ -25,6 +25,7 @@ _PROVIDERS: dict[str, tuple[str, ...]] = {
     "pipeline": (
         "mia_ray.pipelines.attack",
         "mia_ray.pipelines.audit",
+        "mia_ray.pipelines.contamination",
         "mia_ray.pipelines.copycheck",
         "mia_ray.pipelines.demo_world",
         "mia_ray.pipelines.leakage",
