@@ -10,7 +10,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extra]
 
 
 @pytest.fixture(scope="module")

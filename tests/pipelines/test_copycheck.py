@@ -115,6 +115,7 @@ def _kill_one_sampler(done: threading.Event, killed: list, since: float):
         time.sleep(0.2)
 
 
+@pytest.mark.extra
 def test_a_killed_sampler_actor_is_replaced_and_the_numbers_do_not_change(run, test_world):
     import shutil
 
@@ -312,6 +313,7 @@ def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
         assert said in capfd.readouterr().err, mode
 
 
+@pytest.mark.extra
 def test_ctrl_c_during_fine_tuning_exits_130_saying_rerun_to_resume(tmp_path, test_world):
     """A real Ctrl-C (SIGINT to the driver) while Ray Tune trains the members."""
     import subprocess

@@ -15,7 +15,7 @@ from mia_ray.cli import main
 from mia_ray.data import marks
 from mia_ray.data.marks import count_in, published, read_key
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.extra]
 N_FILES, K = 12, 20
 
 
