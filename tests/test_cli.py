@@ -21,6 +21,7 @@ def test_help_lists_every_verb(capsys):
     for verb in (
         "attack",
         "audit",
+        "contamination",
         "copycheck",
         "demo",
         "leakage",
