@@ -1,5 +1,6 @@
-"""report.html of `mia-ray verify`: the verdict, its premise, the combined test and a table of
-marks, with the published candidates' ranks against the uniform they follow under H0."""
+"""report.html of `mia-ray verify` (the verdict, its premise, the combined test, a table of
+marks and their p-values against the uniform they follow under H0) and of `mia-ray
+contamination` (the order test per shard)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,56 @@ def render_verify_report(report: Mapping[str, Any], out_path: str | os.PathLike)
         f"mia-ray verify: {report['model']}", sections, subtitle=f"key run {report['run_id']}"
     )
     return write_text(out_path, html)
+
+
+def _order_figure(report: Mapping[str, Any]) -> bytes:
+    """Per shard: the published order's log-likelihood minus its shuffles' mean."""
+    import numpy as np
+
+    gap = np.array([s["published_ll"] - s["shuffled_ll_mean"] for s in report["shards"]])
+    fig, (ax,) = new_figure(5.5, 3.2)
+    ax.bar(range(gap.size), gap, color=["C3" if g > 0 else "C0" for g in gap])
+    ax.axhline(0, color="0.4", lw=1)
+    ax.set_xlabel("shard")
+    ax.set_ylabel("published - shuffled log-lik.")
+    return png(fig)
+
+
+def render_contamination_report(report: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
+    t = report["test"]
+    sections = [
+        ("Verdict", paragraph(report["verdict"]["text"])),
+        (
+            "Premise",
+            definition_list(
+                {
+                    "H0": report["premise"]["statement"],
+                    "why the p-value is exact": report["premise"]["proof"],
+                }
+            ),
+        ),
+        (
+            "Test",
+            definition_list(
+                {
+                    "statistic": t["statistic"],
+                    "value": t["value"],
+                    "p-value": t["p_value"],
+                    "shards": t["shards"],
+                    "shuffles per shard": t["permutations"],
+                    "shards preferring the published order": t["published_preferred"],
+                    "smallest possible p": t["smallest_p_value"],
+                }
+            ),
+        ),  # fmt: skip
+        (
+            "Shards",
+            img_html(_order_figure(report), "published minus shuffled log-likelihood")
+            + table_html(
+                report["shards"],
+                ["shard", "examples", "published_ll", "shuffled_ll_mean", "p_value"],
+            ),
+        ),  # fmt: skip
+    ]
+    title = f"mia-ray contamination: {report['model']}"
+    return write_text(out_path, page(title, sections, subtitle=report["benchmark"]))

@@ -67,6 +67,8 @@ def test_a_model_trained_on_the_benchmark_in_order_is_caught(benchmark, tmp_path
         r["verdict"]["text"].startswith("Evidence")
         and "Exact if the published order" in (r["verdict"]["text"])
     )
+    html = (tmp_path / "in-order" / "report.html").read_text()
+    assert "<h2>Premise</h2>" in html and html.count("<img") == 1
 
 
 def test_the_same_examples_learnt_in_another_order_are_not_contamination(benchmark, tmp_path):

@@ -88,6 +88,7 @@ def run(cfg: ContaminationJobConfig, out: Path) -> dict:
     from mia_ray.models.spans import context_limit
     from mia_ray.pipelines.attack.pools import score_pool, scorer_key
     from mia_ray.reports.io import write_json, write_parquet
+    from mia_ray.reports.marks import render_contamination_report
     from mia_ray.stats.ranks import combined_pvalue, rank_pvalue
 
     t0 = time.time()
@@ -159,4 +160,5 @@ def run(cfg: ContaminationJobConfig, out: Path) -> dict:
         "timings": {"total_s": round(time.time() - t0, 2)},
     }
     write_json(out / "report.json", report)
+    render_contamination_report(report, out / "report.html")
     return report
