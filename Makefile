@@ -58,7 +58,8 @@ test: setup
 
 # Heavy tests beyond the core suite, so that make test stays under 30 minutes: the owner's
 # marks and the order test (small GPTs trained on marked text), the smollm2 demo target,
-# CopyCheck's fault injection and `ray job submit` (~6 min on 2 cores); CI runs it.
+# CopyCheck's fault injection, the audit with CopyCheck and with the attack zoo, and
+# `ray job submit` (~9 min on 2 cores); CI runs it.
 test-extra: setup
 	$(VENV)/bin/python -m pytest -q -m extra
 

@@ -373,6 +373,7 @@ def test_flags_set_their_config_keys_and_missing_inputs_are_named(tmp_path, caps
     )
 
 
+@pytest.mark.extra
 def test_copycheck_on_request_joins_the_files_table(tmp_path, ray_local, audit_inputs, capsys):
     settings = (
         'audit.method_settings={copycheck: ["uncertainty.samplers=[mcd, ensemble]", '
@@ -446,6 +447,7 @@ def test_report_numbers_match_the_snapshot(tiny_audit, report_snapshot):
     report_snapshot(tiny_audit[1], "audit-tiny")
 
 
+@pytest.mark.extra
 def test_the_attack_zoo_serves_as_audit_features(tmp_path, ray_local, audit_inputs):
     """Any attack is a feature (audit.attacks); each extra pass runs on the audit's snippets.
     The reference check is off here (it would run every zoo pass on the reference as well):
