@@ -74,33 +74,12 @@ def orderings(shards: list[list[int]], permutations: int, seed: int) -> list[lis
     return out
 
 
-@pipeline(
-    "contamination",
-    ContaminationJobConfig,
-    help="the order test: did the model train on this benchmark as published?",
-    flags=(
-        ("benchmark", "contamination.benchmark", "the benchmark file, in its published order"),
-        ("model", "model.name_or_path", "the model to test: a hub name or a local folder"),
-    ),
-)
-def run(cfg: ContaminationJobConfig, out: Path) -> dict:
-    from mia_ray.models.hf import load_tokenizer
-    from mia_ray.models.spans import context_limit
+def shard_loglik(cfg: ContaminationJobConfig, examples: list[str], shards, out: Path):
+    """(shards, 1 + permutations) log-likelihoods under the model: per shard its published
+    order first, then its shuffles (the Scorer pool's plain pass, a resumable stage)."""
     from mia_ray.pipelines.attack.pools import score_pool, scorer_key
-    from mia_ray.reports.io import write_json, write_parquet
-    from mia_ray.reports.marks import render_contamination_report
-    from mia_ray.stats.ranks import combined_pvalue, rank_pvalue
 
-    t0 = time.time()
     c, m = cfg.contamination, cfg.model
-    check_target_early(m)
-    examples = read_in_order(c.benchmark, c.fields)
-    tok = load_tokenizer(m.name_or_path, m.revision, m.trust_remote_code, m.gguf_file)
-    limit = context_limit(m.name_or_path, m.max_length, m.revision, m.trust_remote_code,
-                          m.gguf_file)  # fmt: skip
-    shards = shards_of(examples, c.shard_size, tok, limit, c.separator)
-    if not shards:
-        raise MiaError(f"{c.benchmark}: {len(examples)} example(s) make no shard of 2 or more")
     orders = orderings(shards, c.permutations, c.seed)
     rows = pd.DataFrame(
         [
@@ -117,16 +96,49 @@ def run(cfg: ContaminationJobConfig, out: Path) -> dict:
     scored = scored.set_index("snippet_id").loc[rows["snippet_id"]]
     # Log-likelihood of every scored token: orders of the same examples may tokenize to a
     # slightly different count, so the total, not the mean.
-    ll = (-scored["loss"] * (scored["n_tokens"] - 1)).to_numpy().reshape(len(shards), -1)
-    p_shard = np.array([rank_pvalue(r[0], r[1:]) for r in ll])
-    stat, p = combined_pvalue(p_shard, c.permutations + 1, c.draws, c.seed)
-    reject = p <= 0.05
-    text = (
-        f"{'Evidence' if reject else 'No evidence'} that {m.name_or_path} trained on "
-        f"{Path(c.benchmark).name} in its published order: p = {p:.2g} over {len(shards)} "
+    return (-scored["loss"] * (scored["n_tokens"] - 1)).to_numpy().reshape(len(shards), -1)
+
+
+def verdict_text(model: str, c, p: float, n_shards: int) -> str:
+    return (
+        f"{'Evidence' if p <= 0.05 else 'No evidence'} that {model} trained on "
+        f"{Path(c.benchmark).name} in its published order: p = {p:.2g} over {n_shards} "
         f"shards (each ranked among {c.permutations} shuffles, Fisher's combination). "
         f"Exact if {PREMISE}."
     )
+
+
+@pipeline(
+    "contamination",
+    ContaminationJobConfig,
+    help="the order test: did the model train on this benchmark as published?",
+    flags=(
+        ("benchmark", "contamination.benchmark", "the benchmark file, in its published order"),
+        ("model", "model.name_or_path", "the model to test: a hub name or a local folder"),
+    ),
+)
+def run(cfg: ContaminationJobConfig, out: Path) -> dict:
+    from mia_ray.models.hf import load_tokenizer
+    from mia_ray.models.spans import context_limit
+    from mia_ray.reports.io import write_json, write_parquet
+    from mia_ray.reports.marks import render_contamination_report
+    from mia_ray.stats.ranks import combined_pvalue, rank_pvalue
+
+    t0 = time.time()
+    c, m = cfg.contamination, cfg.model
+    check_target_early(m)
+    examples = read_in_order(c.benchmark, c.fields)
+    tok = load_tokenizer(m.name_or_path, m.revision, m.trust_remote_code, m.gguf_file)
+    limit = context_limit(m.name_or_path, m.max_length, m.revision, m.trust_remote_code,
+                          m.gguf_file)  # fmt: skip
+    shards = shards_of(examples, c.shard_size, tok, limit, c.separator)
+    if not shards:
+        raise MiaError(f"{c.benchmark}: {len(examples)} example(s) make no shard of 2 or more")
+    ll = shard_loglik(cfg, examples, shards, out)
+    p_shard = np.array([rank_pvalue(r[0], r[1:]) for r in ll])
+    stat, p = combined_pvalue(p_shard, c.permutations + 1, c.draws, c.seed)
+    reject = p <= 0.05
+    text = verdict_text(m.name_or_path, c, p, len(shards))
     log(text)
     table = pd.DataFrame({"shard": range(len(shards)), "examples": [len(s) for s in shards],
                           "published_ll": ll[:, 0], "shuffled_ll_mean": ll[:, 1:].mean(axis=1),
