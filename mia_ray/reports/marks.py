@@ -21,6 +21,13 @@ from mia_ray.reports.html import (
 from mia_ray.reports.io import write_text
 
 
+def _verdict_and_premise(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The first two sections of both reports: the verdict, and the premise it rests on."""
+    premise = {"H0": report["premise"]["statement"], "why it is exact": report["premise"]["proof"]}
+    return [("Verdict", paragraph(report["verdict"]["text"])),
+            ("Premise", definition_list(premise))]  # fmt: skip
+
+
 def _rank_figure(report: Mapping[str, Any]) -> bytes:
     """The marks' p-values, sorted, against the uniform quantiles they follow under H0."""
     import numpy as np
@@ -44,16 +51,7 @@ def render_verify_report(report: Mapping[str, Any], out_path: str | os.PathLike)
     rows = [{**m, "files": ", ".join(m["files"][:3]) + (" …" if len(m["files"]) > 3 else "")}
             for m in report["marks"]]  # fmt: skip
     sections = [
-        ("Verdict", paragraph(report["verdict"]["text"])),
-        (
-            "Premise",
-            definition_list(
-                {
-                    "H0": report["premise"]["statement"],
-                    "why the p-values are exact": report["premise"]["proof"],
-                }
-            ),
-        ),
+        *_verdict_and_premise(report),
         (
             "Combined test",
             definition_list(
@@ -101,16 +99,7 @@ def _order_figure(report: Mapping[str, Any]) -> bytes:
 def render_contamination_report(report: Mapping[str, Any], out_path: str | os.PathLike) -> Path:
     t = report["test"]
     sections = [
-        ("Verdict", paragraph(report["verdict"]["text"])),
-        (
-            "Premise",
-            definition_list(
-                {
-                    "H0": report["premise"]["statement"],
-                    "why the p-value is exact": report["premise"]["proof"],
-                }
-            ),
-        ),
+        *_verdict_and_premise(report),
         (
             "Test",
             definition_list(
