@@ -156,23 +156,24 @@ def read_key(path: str | Path) -> dict:
     return key
 
 
+def candidate(key: dict, mark_id: str, j: int) -> str:
+    """Candidate ``j`` of one mark, regenerated from the key alone."""
+    g = _generator(key["secret"], key["run_id"], mark_id, j)
+    if key["kind"] == "words":
+        words = wordlist()[0]
+        return " ".join(words[i] for i in g.integers(0, len(words), key["length"]))
+    return "".join(_HEX[i] for i in g.integers(0, 16, key["length"]))
+
+
 def candidates_of(key: dict, mark_id: str) -> list[str]:
     """The ``K`` candidates of one mark, in their keyed order (the published one at the
-    mark's ``chosen`` index); each is regenerated from the key alone."""
-    out = []
-    for j in range(key["candidates"]):
-        g = _generator(key["secret"], key["run_id"], mark_id, j)
-        if key["kind"] == "words":
-            words = wordlist()[0]
-            out.append(" ".join(words[i] for i in g.integers(0, len(words), key["length"])))
-        else:
-            out.append("".join(_HEX[i] for i in g.integers(0, 16, key["length"])))
-    return out
+    mark's ``chosen`` index)."""
+    return [candidate(key, mark_id, j) for j in range(key["candidates"])]
 
 
 def published(key: dict) -> dict[str, str]:
-    """mark_id -> the candidate that was published."""
-    return {m["mark_id"]: candidates_of(key, m["mark_id"])[m["chosen"]] for m in key["marks"]}
+    """mark_id -> the candidate that was published (only that one is regenerated)."""
+    return {m["mark_id"]: candidate(key, m["mark_id"], m["chosen"]) for m in key["marks"]}
 
 
 def insert_mark(text: str, mark: str, copies: int, key: dict, file_id: str) -> str:
