@@ -157,9 +157,11 @@ def _scores(cfg: VerifyJobConfig, key: dict, out: Path) -> pd.DataFrame:
 def mark_pvalues(key: dict, scores: pd.DataFrame) -> pd.DataFrame:
     """Per mark: the published candidate's score (-loss), its rank among the K and the exact
     p-value (1 + #{alternatives scoring at least as high}) / K, as a Fraction too."""
+    # One pass over the rows: each mark's scores in candidate order (``scores`` is sorted).
+    by_mark = {m: -g["loss"].to_numpy() for m, g in scores.groupby("mark_id", sort=False)}
     rows = []
     for mk in key["marks"]:
-        s = -scores.loc[scores["mark_id"] == mk["mark_id"], "loss"].to_numpy()
+        s = by_mark.get(mk["mark_id"], np.empty(0))
         if s.size != key["candidates"]:
             raise MiaError(
                 f"mark {mk['mark_id']}: {s.size} scores for {key['candidates']} candidates"
