@@ -12,7 +12,9 @@ The key (a JSON file) holds the secret, the settings and each mark's files and c
 every candidate is regenerated from it bit for bit (HMAC-SHA256 of the secret seeds each
 candidate's generator), and it holds none of the files' text. Candidates are random words
 from the BIP-39 English list (2,048 public words, from the ``mnemonic`` package; the key
-records the list's SHA-256) or random hex characters (Wei et al.'s random sequences).
+records the list's SHA-256), random hex characters (Wei et al.'s random sequences), or
+fluent sentences from fixed templates (:mod:`mia_ray.data.canaries`; ``length`` counts
+sentences, not words).
 A mark is inserted as a line of its own at line or sentence boundaries, so that snippet
 cutting and a scraper that collapses whitespace keep its words in order.
 """
@@ -29,11 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
+from mia_ray.data.canaries import grammar_sha256, sentences
 from mia_ray.errors import MiaError
 
 KEY_FORMAT = "mia-ray mark key"
 KEY_VERSION = 1
-KINDS = ("words", "hex")
+KINDS = ("words", "hex", "sentences")
 PER = ("file", "dataset")
 WORDLIST = "bip39-english"
 _HEX = "0123456789abcdef"
@@ -117,6 +120,8 @@ def new_key(
     }
     if kind == "words":
         key["wordlist"] = {"name": WORDLIST, "sha256": wordlist()[1]}
+    if kind == "sentences":
+        key["grammar"] = {"name": "mia-ray canaries", "sha256": grammar_sha256()}
     key["check"] = _check(key)
     return key
 
@@ -153,6 +158,11 @@ def read_key(path: str | Path) -> dict:
             f"{p}: the key's word list ({key['wordlist']['sha256'][:12]}…) is not this "
             f"machine's {WORDLIST} ({wordlist()[1][:12]}…): its candidates cannot be regenerated"
         )
+    if key["kind"] == "sentences" and key["grammar"]["sha256"] != grammar_sha256():
+        raise MiaError(
+            f"{p}: the key's sentence grammar ({key['grammar']['sha256'][:12]}…) is not this "
+            f"mia-ray's ({grammar_sha256()[:12]}…): its candidates cannot be regenerated"
+        )
     return key
 
 
@@ -162,6 +172,8 @@ def candidate(key: dict, mark_id: str, j: int) -> str:
     if key["kind"] == "words":
         words = wordlist()[0]
         return " ".join(words[i] for i in g.integers(0, len(words), key["length"]))
+    if key["kind"] == "sentences":
+        return sentences(g, key["length"])
     return "".join(_HEX[i] for i in g.integers(0, 16, key["length"]))
 
 

@@ -2,9 +2,11 @@
 refused, and a mark survives insertion, whitespace normalizing and snippet cutting."""
 
 import json
+import re
 
 import pytest
 
+from mia_ray.data import canaries, marks
 from mia_ray.data.marks import (
     candidates_of,
     count_in,
@@ -21,6 +23,10 @@ from mia_ray.errors import MiaError
 TEXT = (
     "It was the best of times. It was the worst of times! Was it the age of wisdom?\n"
     "It was the age of foolishness. It was the epoch of belief.\nThe end"
+)
+FIRST_SENTENCES = (
+    "Nobody but Vera Dorn opened the dusty kite near the village that Friday. The heavy "
+    "ledger that Xenia Prior fetched stayed inside the meadow for four years."
 )
 
 
@@ -44,6 +50,31 @@ def test_a_key_regenerates_every_candidate_bit_for_bit(tmp_path):
     assert all(len(h) == 24 and set(h) <= set("0123456789abcdef") for h in hexes)
     # The key holds none of the files' text.
     assert "best of times" not in path.read_text()
+
+
+def test_sentence_marks_are_fluent_template_sentences_a_key_regenerates(tmp_path):
+    key = new_key(["a.txt"], kind="sentences", length=2, candidates=30, entropy=3)
+    path = tmp_path / "key.json"
+    path.write_text(json.dumps(key))
+    cands = candidates_of(read_key(path), "m00000")
+    assert cands == candidates_of(key, "m00000") and len(set(cands)) == 30
+    # `length` counts sentences: each a template with every slot from its list.
+    pattern = "|".join(
+        re.escape(t)
+        .replace(r"\{", "{")
+        .replace(r"\}", "}")
+        .format(**{k: f"(?:{'|'.join(v)})" for k, v in canaries.SLOTS.items()})
+        for t in canaries.TEMPLATES
+    )
+    assert all(re.fullmatch(f"(?:{pattern}) (?:{pattern})", c) for c in cands)
+    # Fixed by the key and the grammar: this key's first candidate, word for word.
+    assert cands[0] == FIRST_SENTENCES
+    # A key made with other word lists cannot regenerate its sentences: refused.
+    key["grammar"]["sha256"] = "0" * 64
+    key["check"] = marks._check(key)
+    path.write_text(json.dumps(key))
+    with pytest.raises(MiaError, match="the key's sentence grammar .* is not this mia-ray's"):
+        read_key(path)
 
 
 def test_a_seeded_key_is_the_same_key_and_a_fresh_one_is_not():
@@ -71,7 +102,9 @@ def test_an_edited_foreign_or_broken_key_is_refused(tmp_path):
         read_key(tmp_path / "missing.json")
     with pytest.raises(MiaError, match="mark.candidates must be at least 2"):
         new_key(["a"], candidates=1)
-    with pytest.raises(MiaError, match="mark.kind must be one of words, hex, not 'emoji'"):
+    with pytest.raises(
+        MiaError, match="mark.kind must be one of words, hex, sentences, not 'emoji'"
+    ):
         new_key(["a"], kind="emoji")
 
 

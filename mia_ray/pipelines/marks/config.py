@@ -9,6 +9,7 @@ from mia_ray.config import (
     JobConfig,
     ModelConfig,
     ResourcesConfig,
+    WorldConfig,
     check_at_least_1,
     check_choice,
 )
@@ -23,8 +24,8 @@ class MarkConfig:
 
     input: str = ""  # the owner's files (any format the data layer reads)
     key: str = ""  # where the secret key is written (never overwritten)
-    kind: str = "words"  # words (BIP-39 list) | hex
-    length: int = 8
+    kind: str = "words"  # words (BIP-39 list) | hex | sentences (fluent, from templates)
+    length: int = 8  # words, hex characters, or (kind sentences) sentences
     candidates: int = 1000
     copies: int = 1
     per: str = "file"  # file (one mark per file: per-file verdicts) | dataset
@@ -77,9 +78,11 @@ class VerifyConfig:
 
 @dataclass
 class VerifyJobConfig(JobConfig):
-    """`mia-ray verify --model M --key FILE [--files DIR] --out DIR`."""
+    """`mia-ray verify --model M --key FILE [--files DIR] --out DIR`; with ``world.target``,
+    the demo world's model, key and marked books."""
 
     verify: VerifyConfig = field(default_factory=VerifyConfig)
+    world: WorldConfig = field(default_factory=WorldConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
@@ -88,5 +91,7 @@ class VerifyJobConfig(JobConfig):
         return {"verify.key": self.verify.key, "verify.files": self.verify.files}
 
     def check(self) -> None:
+        if self.world.target:
+            return
         if not self.verify.key or not self.model.name_or_path:
             raise MiaError("verify needs --model (the model to test) and --key (mark's key file)")
