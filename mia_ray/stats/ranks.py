@@ -11,6 +11,9 @@ number of draws: ``(1 + #{null >= observed}) / (draws + 1)``).
 
 from __future__ import annotations
 
+from fractions import Fraction
+from math import ceil
+
 import numpy as np
 
 
@@ -45,3 +48,10 @@ def combined_pvalue(
         exceed += int(np.count_nonzero(null >= observed * (1 - 1e-12)))
         done += n
     return observed, (1 + exceed) / (draws + 1)
+
+
+def floor_marks(n_marks: int, candidates: int, fdr: float) -> int:
+    """How many marks must reach the smallest p (1/K) together before Benjamini-Hochberg at
+    ``fdr`` flags any of ``n_marks``: the k smallest, all 1/K, pass when 1/K <= fdr k / n."""
+    level = Fraction(str(fdr))  # as Benjamini-Hochberg takes it: 0.05 is 1/20, exactly
+    return max(1, ceil(Fraction(n_marks) / (candidates * level)))

@@ -1,8 +1,10 @@
 """The marks' exact rank test: the p-value formula, and its level under H0 by simulation."""
 
+from fractions import Fraction
+
 import numpy as np
 
-from mia_ray.stats.ranks import combined_pvalue, fisher_statistic, rank_pvalue
+from mia_ray.stats.ranks import combined_pvalue, fisher_statistic, floor_marks, rank_pvalue
 
 
 def test_rank_pvalue_counts_ties_against_the_mark():
@@ -44,3 +46,19 @@ def test_under_h0_each_mark_and_the_combination_hold_their_level():
     s[:, 0] += 3
     ps = np.array([rank_pvalue(r[0], r[1:]) for r in s])
     assert combined_pvalue(ps, 40, draws=999)[1] < 0.01
+
+
+def test_the_floor_of_per_file_verdicts_is_how_many_marks_must_rank_first_together():
+    # 160 marks of K = 1,000 at 5 % FDR: 1/K <= 0.05 k / 160 from k = 3.2, so 4 marks.
+    assert floor_marks(160, 1000, 0.05) == 4
+    # K >= n / fdr lets one mark be flagged alone; exactly at the bound too.
+    assert floor_marks(50, 1000, 0.05) == 1 and floor_marks(100, 2000, 0.05) == 1
+    assert floor_marks(101, 2000, 0.05) == 2
+    # Checked against Benjamini-Hochberg itself: k marks at 1/K, the rest at 1.
+    from mia_ray.stats.audit import benjamini_hochberg
+
+    for n, k_cand in ((160, 1000), (12, 20), (500, 100)):
+        need = floor_marks(n, k_cand, 0.05)
+        for k in (need - 1, need):
+            flagged, _ = benjamini_hochberg([Fraction(1, k_cand)] * k + [1] * (n - k), 0.05)
+            assert sum(flagged) == (k if k == need else 0), (n, k_cand, k)
