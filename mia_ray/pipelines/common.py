@@ -21,12 +21,8 @@ def resolve_world(cfg):
         return cfg
     import copy
 
-    from mia_ray.demo.world import ensure_world
-
     cfg = copy.deepcopy(cfg)
-    targets = [cfg.world.target]
-    log(f"demo world at {cfg.world.resolved_root()} (target {cfg.world.target})")
-    info = ensure_world(cfg.world, targets)
+    info = world_paths(cfg)
     cfg.data.path = cfg.data.path or str(info["documents"])
     if not cfg.data.labels:
         # A target's manifest is its evaluated set: smollm2's is a sample of the corpus.
@@ -36,6 +32,17 @@ def resolve_world(cfg):
     if info.get("reference"):
         cfg.model.reference = cfg.model.reference or str(info["reference"])
     return cfg
+
+
+def world_paths(cfg) -> dict[str, Any] | None:
+    """With ``world.target`` set, the demo world (built if missing) as ``ensure_world`` gives
+    it: its model, reference, key and benchmarks; else None."""
+    if not cfg.world.target:
+        return None
+    from mia_ray.demo.world import ensure_world
+
+    log(f"demo world at {cfg.world.resolved_root()} (target {cfg.world.target})")
+    return ensure_world(cfg.world, [cfg.world.target])
 
 
 def fit_snippets_to_window(cfg, attacks=()):

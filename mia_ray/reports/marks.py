@@ -23,7 +23,14 @@ from mia_ray.reports.io import write_text
 
 def _verdict_and_premise(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The first two sections of both reports: the verdict, and the premise it rests on."""
-    premise = {"H0": report["premise"]["statement"], "why it is exact": report["premise"]["proof"]}
+    pr = report["premise"]
+    premise = {"H0": pr["statement"], "why it is exact": pr["proof"]}
+    if "checked_by" in pr:
+        premise["checked by"] = (
+            f"{pr['checked_by']}: p = {pr['reference_p_value']:.2g} "
+            f"({'holds' if pr['holds'] else 'fails: no verdict'})"
+            if pr["checked_by"] else "not checked (no reference model given)"
+        )  # fmt: skip
     return [("Verdict", paragraph(report["verdict"]["text"])),
             ("Premise", definition_list(premise))]  # fmt: skip
 
@@ -62,6 +69,9 @@ def render_verify_report(report: Mapping[str, Any], out_path: str | os.PathLike)
                     "marks tested": c["n_marks"],
                     "Monte Carlo draws": c["draws"],
                     "smallest possible p": c["smallest_p_value"],
+                    "marks that must rank first together to flag one file": report["per_mark"][
+                        "marks_needed_at_floor"
+                    ],
                     "each mark": f"{s['candidates']} candidates each, {s['length']} {s['kind']}, "
                     f"{s['copies']} cop{'y' if s['copies'] == 1 else 'ies'} per file, one per {s['per']}",
                 }
@@ -119,7 +129,8 @@ def render_contamination_report(report: Mapping[str, Any], out_path: str | os.Pa
             img_html(_order_figure(report), "published minus shuffled log-likelihood")
             + table_html(
                 report["shards"],
-                ["shard", "examples", "published_ll", "shuffled_ll_mean", "p_value"],
+                ["shard", "examples", "published_ll", "shuffled_ll_mean", "p_value"]
+                + (["reference_p_value"] if report["premise"].get("checked_by") else []),
             ),
         ),  # fmt: skip
     ]

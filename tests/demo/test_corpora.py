@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
-from mia_ray.demo.corpora import clean_play_markdown, load_web, slugify, split_ids, split_scenes
+from mia_ray.demo.corpora import (
+    clean_play_markdown,
+    load_books,
+    load_web,
+    slugify,
+    split_ids,
+    split_scenes,
+)
 from mia_ray.demo.world import SCALES, build_corpora
 from mia_ray.errors import MiaError
 
@@ -107,7 +115,11 @@ def test_demo_scale_corpora_meet_the_copycheck_constraints():
     assert sum(side(d) == "nonmember" for d in books) >= 90
     assert all(d.id.startswith("books/") and d.id.endswith(".txt") for d in books)
     s = SCALES["demo"]
-    assert all(s.book_min_words <= len(d.text.split()) <= s.book_max_words for d in books)
+    marked = {d.id for d in c.evaluated if d.source == "books"}
+    extra = lambda d: s.marks.copies * s.marks.length * (d.id in marked)  # noqa: E731
+    assert all(
+        s.book_min_words <= len(d.text.split()) - extra(d) <= s.book_max_words for d in books
+    )
     web = [d for d in c.evaluated + c.reference if d.source == "web"]
     assert len(web) == s.n_web and all(len(d.text.split()) >= s.web_min_words for d in web)
     # Reference pool, members and non-members are disjoint; manifests cover exactly the evaluated docs.
@@ -120,6 +132,34 @@ def test_demo_scale_corpora_meet_the_copycheck_constraints():
     smol = c.manifests["smollm2"]
     assert sum(smol.values()) == s.smollm2_docs == len(smol) - sum(smol.values())
     assert all(c.manifests["tiny"][i] == y for i, y in smol.items())  # drawn from the tiny split
+
+
+def test_demo_world_marks_every_shown_book_and_holds_two_order_benchmarks():
+    from mia_ray.data.marks import count_in, normalize, published
+
+    c, s = build_corpora("demo", seed=0), SCALES["demo"]
+    shown = [d for d in c.evaluated if d.source == "books"]
+    pub = published(c.key)
+    assert len(c.key["marks"]) == len(shown) == 160 and c.key["copies"] == s.marks.copies
+    source = {d.id: d.text for d in load_books(s.book_min_words, s.book_max_words)}
+    for mk in c.key["marks"]:
+        (f,) = mk["files"]
+        text = next(d.text for d in shown if d.id == f)
+        # Each shown book carries its own mark, copies times; without it, the scene itself.
+        assert count_in(text, pub[mk["mark_id"]]) == s.marks.copies
+        assert normalize(text.replace(pub[mk["mark_id"]], "")) == normalize(source[f])
+    # The reference pool's books are the scenes as they are.
+    assert all(d.text == source[d.id] for d in c.reference if d.source == "books")
+    # Two benchmarks of distinct one-line cloze items, none from a lead the world uses.
+    pub_b, held = c.benchmarks["published"], c.benchmarks["held-out"]
+    assert len(pub_b) == len(held) == s.benchmark.items
+    texts = [r["text"] for r in pub_b + held]
+    assert len(set(texts)) == len(texts) and all("____" in t and "\n" not in t for t in texts)
+    assert all(re.fullmatch(r".+ Answer: \S+", t) for t in texts)
+    assert build_corpora("demo", seed=0).benchmarks == c.benchmarks
+    # The test world stays unmarked, without a benchmark: its snapshot numbers hold.
+    t = build_corpora("test", seed=0)
+    assert t.key is None and t.benchmarks == {}
 
 
 def test_demo_corpora_are_deterministic_from_the_seed():

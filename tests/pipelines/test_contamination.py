@@ -49,8 +49,8 @@ def benchmark(tmp_path_factory, ray_local, test_world):
     }
 
 
-def _test(model, path, out):
-    args = ["contamination", "--benchmark", str(path), "--model", str(model),
+def _test(model, path, out, *extra):
+    args = ["contamination", "--benchmark", str(path), "--model", str(model), *extra,
             "--set", "contamination.fields=[question]", "--set", "contamination.shard_size=4",
             "--set", "contamination.permutations=19", "--set", "model.max_length=128",
             "--out", str(out)]  # fmt: skip
@@ -74,6 +74,27 @@ def test_a_model_trained_on_the_benchmark_in_order_is_caught(benchmark, tmp_path
 def test_the_same_examples_learnt_in_another_order_are_not_contamination(benchmark, tmp_path):
     r = _test(benchmark["shuffled"], benchmark["path"], tmp_path / "other-order")
     assert not r["test"]["reject"] and r["verdict"]["text"].startswith("No evidence")
+
+
+def test_a_reference_model_checks_the_premise(benchmark, tmp_path):
+    # A reference that prefers the published order (here: it trained on it) means the order
+    # is predictable without contamination: no verdict, whatever the target says.
+    bad = _test(benchmark["shuffled"], benchmark["path"], tmp_path / "bad",
+                "--reference", str(benchmark["trained"]))  # fmt: skip
+    assert bad["premise"]["holds"] is False and bad["premise"]["reference_p_value"] < 1e-3
+    assert bad["verdict"]["contaminated"] is None and not bad["test"]["reject"]
+    assert (
+        bad["verdict"]["text"].startswith("No verdict on ")
+        and "premise fails" in (bad["verdict"]["text"])
+    )
+    # A reference that does not prefer it: the premise is checked and the verdict stands.
+    good = _test(benchmark["trained"], benchmark["path"], tmp_path / "good",
+                 "--reference", str(benchmark["shuffled"]))  # fmt: skip
+    assert good["premise"]["holds"] is True and good["premise"]["reference_p_value"] > 0.05
+    assert good["verdict"]["contaminated"] is True
+    assert "Premise checked: the reference model" in good["verdict"]["text"]
+    html = (tmp_path / "good" / "report.html").read_text()
+    assert "checked by" in html and "reference_p_value" in html
 
 
 def test_examples_are_read_in_file_order_and_sharded(tmp_path):

@@ -134,3 +134,51 @@ def test_demo_audit_clears_the_reference_as_target(tmp_path, ray_local):
     assert not r["dataset_test"]["reject"] and r["dataset_test"]["p_value"] > 0.05
     assert r["per_file"]["n_flagged"] == 0 and not r["verdict"]["trained"]
     assert r["verdict"]["claim"] == "no evidence of training"
+
+
+def _job(pipeline, config, out, target, *extra):
+    args = [pipeline, "--config", config, "--set", f"world.target={target}", *extra]
+    assert main([*args, "--out", str(out)]) == 0
+    return json.loads((out / "report.json").read_text())
+
+
+def test_demo_verify_catches_tiny_by_its_member_books_marks_only(tmp_path, ray_local):
+    r = _job("verify", "jobs/verify_demo.yaml", tmp_path / "verify-tiny", "tiny")
+    assert r["verdict"]["trained"] and r["combined_test"]["p_value"] < 1e-3
+    assert r["premise"]["kind"] == "randomized"
+    with open(_manifest()) as fh:
+        world = json.load(fh)
+    flagged = {m["files"][0] for m in r["marks"] if m["flagged"]}
+    members = {f for m in r["marks"] for f in m["files"] if world[f] == 1}
+    # Measured (2026-12-07): 48 of the 50 member books flagged (31 marks ranked first of
+    # 1,000) and 1 of the 110 non-member books, a false discovery BH's 5 % allows.
+    assert len(flagged & members) >= 0.9 * len(members) == 45
+    assert len(flagged - members) <= 3
+    assert all(m["carrying"] == 1 for m in r["marks"])
+
+
+def test_demo_verify_finds_nothing_in_tiny_random(tmp_path, ray_local):
+    r = _job("verify", "jobs/verify_demo.yaml", tmp_path / "verify-random", "tiny-random")
+    assert not r["verdict"]["trained"] and r["combined_test"]["p_value"] > 0.05
+    assert r["per_mark"]["n_flagged"] == 0
+
+
+def test_demo_order_test_catches_the_published_benchmark_and_clears_the_others(tmp_path, ray_local):
+    caught = _job("contamination", "jobs/contamination_demo.yaml", tmp_path / "c-tiny", "tiny")
+    # Measured (2026-12-07): p = 0.0014, 21 of 31 shards prefer the published order (one copy
+    # of the benchmark in tiny's 20 epochs); tiny-ref's p = 0.12.
+    assert caught["verdict"]["contaminated"] is True and caught["test"]["p_value"] < 0.01
+    assert caught["premise"]["holds"] is True  # tiny-ref, which never saw it, is indifferent
+    random_ = _job("contamination", "jobs/contamination_demo.yaml", tmp_path / "c-random",
+                   "tiny-random")  # fmt: skip
+    assert random_["verdict"]["contaminated"] is False
+    held = caught["benchmark"].replace("published.jsonl", "held-out.jsonl")
+    unseen = _job("contamination", "jobs/contamination_demo.yaml", tmp_path / "c-held", "tiny",
+                  "--set", f"contamination.benchmark={held}")  # fmt: skip
+    assert unseen["verdict"]["contaminated"] is False and unseen["test"]["p_value"] > 0.05
+
+
+def _manifest():
+    from mia_ray.config import WorldConfig
+
+    return str(WorldConfig(scale="demo").resolved_root() / "manifests" / "tiny.json")

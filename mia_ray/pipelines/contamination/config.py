@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mia_ray.config import JobConfig, ModelConfig, ResourcesConfig, check_at_least_1
+from mia_ray.config import (
+    JobConfig,
+    ModelConfig,
+    ResourcesConfig,
+    WorldConfig,
+    check_at_least_1,
+)
 from mia_ray.errors import MiaError
 
 
@@ -35,9 +41,11 @@ class OrderTestConfig:
 
 @dataclass
 class ContaminationJobConfig(JobConfig):
-    """`mia-ray contamination --benchmark FILE --model M --out DIR`."""
+    """`mia-ray contamination --benchmark FILE --model M [--reference R] --out DIR`; with
+    ``world.target``, the demo world's model, its reference and its published benchmark."""
 
     contamination: OrderTestConfig = field(default_factory=OrderTestConfig)
+    world: WorldConfig = field(default_factory=WorldConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
 
@@ -45,5 +53,7 @@ class ContaminationJobConfig(JobConfig):
         return {"contamination.benchmark": self.contamination.benchmark}
 
     def check(self) -> None:
+        if self.world.target:
+            return
         if not self.contamination.benchmark or not self.model.name_or_path:
             raise MiaError("contamination needs --benchmark (the file, in order) and --model")

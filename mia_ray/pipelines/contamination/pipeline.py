@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import check_target_early, fingerprint, log
+from mia_ray.pipelines.common import check_target_early, fingerprint, log, world_paths
 from mia_ray.pipelines.contamination.config import ContaminationJobConfig
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
@@ -74,12 +74,15 @@ def orderings(shards: list[list[int]], permutations: int, seed: int) -> list[lis
     return out
 
 
-def shard_loglik(cfg: ContaminationJobConfig, examples: list[str], shards, out: Path):
-    """(shards, 1 + permutations) log-likelihoods under the model: per shard its published
-    order first, then its shuffles (the Scorer pool's plain pass, a resumable stage)."""
+def shard_loglik(cfg: ContaminationJobConfig, examples: list[str], shards, out: Path,
+                 reference: bool = False):  # fmt: skip
+    """(shards, 1 + permutations) log-likelihoods under the model (``reference``: under
+    ``model.reference``): per shard its published order first, then its shuffles (the Scorer
+    pool's plain pass, a resumable stage)."""
     from mia_ray.pipelines.attack.pools import score_pool, scorer_key
 
     c, m = cfg.contamination, cfg.model
+    name, prefix = (m.reference, "ref_") if reference else (m.name_or_path, "")
     orders = orderings(shards, c.permutations, c.seed)
     rows = pd.DataFrame(
         [
@@ -89,23 +92,66 @@ def shard_loglik(cfg: ContaminationJobConfig, examples: list[str], shards, out: 
         ]  # fmt: skip
     )
     log(f"{len(examples)} examples in {len(shards)} shards, each against {c.permutations} "
-        f"shuffles: {len(rows)} texts")  # fmt: skip
-    fp = fingerprint("order-test", rows["text"].tolist(), scorer_key(m, cfg.resources))
-    scored = score_pool(rows, m, cfg.resources, m.name_or_path, "", False, False,
-                        out / "rows" / "orders", fp, what="orderings")  # fmt: skip
+        f"shuffles: {len(rows)} texts{' under the reference model' if reference else ''}")  # fmt: skip
+    fp = fingerprint("order-test", rows["text"].tolist(), scorer_key(m, cfg.resources, name))
+    scored = score_pool(rows, m, cfg.resources, name, prefix, False, False,
+                        out / "rows" / f"{prefix}orders", fp, what="orderings")  # fmt: skip
     scored = scored.set_index("snippet_id").loc[rows["snippet_id"]]
     # Log-likelihood of every scored token: orders of the same examples may tokenize to a
     # slightly different count, so the total, not the mean.
-    return (-scored["loss"] * (scored["n_tokens"] - 1)).to_numpy().reshape(len(shards), -1)
+    ll = -scored[f"{prefix}loss"] * (scored[f"{prefix}n_tokens"] - 1)
+    return ll.to_numpy().reshape(len(shards), -1)
 
 
-def verdict_text(model: str, c, p: float, n_shards: int) -> str:
+def order_test(ll: np.ndarray, c) -> tuple[np.ndarray, float, float]:
+    """Per-shard exact rank p-values of the published order and their Fisher combination:
+    (p per shard, statistic, p)."""
+    from mia_ray.stats.ranks import combined_pvalue, rank_pvalue
+
+    p_shard = np.array([rank_pvalue(r[0], r[1:]) for r in ll])
+    stat, p = combined_pvalue(p_shard, c.permutations + 1, c.draws, c.seed)
+    return p_shard, stat, p
+
+
+def verdict_text(model: str, c, p: float, n_shards: int, p_ref: float | None = None,
+                 reference: str = "") -> str:  # fmt: skip
+    """The verdict; with a reference model's p-value, the premise is checked first: a model
+    that never saw the benchmark preferring its published order too means the order itself
+    is predictable, and then the test cannot speak."""
+    where = (f"{Path(c.benchmark).name} in its published order: p = {p:.2g} over {n_shards} "
+             f"shards (each ranked among {c.permutations} shuffles, Fisher's combination)")  # fmt: skip
+    if p_ref is not None and p_ref <= 0.05:
+        return (
+            f"No verdict on {model}: the reference model {reference}, which never saw the "
+            f"benchmark, prefers its published order too (p = {p_ref:.2g}), so the order "
+            f"carries a pattern any model prefers and the premise fails ({model}: {where})."
+        )
+    checked = (
+        f" Premise checked: the reference model {reference} does not prefer the published "
+        f"order (p = {p_ref:.2g})." if p_ref is not None else
+        " Premise not checked: give model.reference (a model that never saw the benchmark)."
+    )  # fmt: skip
     return (
-        f"{'Evidence' if p <= 0.05 else 'No evidence'} that {model} trained on "
-        f"{Path(c.benchmark).name} in its published order: p = {p:.2g} over {n_shards} "
-        f"shards (each ranked among {c.permutations} shuffles, Fisher's combination). "
-        f"Exact if {PREMISE}."
+        f"{'Evidence' if p <= 0.05 else 'No evidence'} that {model} trained on {where}. "
+        f"Exact if {PREMISE}.{checked}"
     )
+
+
+def resolve(cfg: ContaminationJobConfig) -> ContaminationJobConfig:
+    """The demo world's model, its reference (which never saw the benchmark) and its
+    published benchmark filled in."""
+    info = world_paths(cfg)
+    if info is None:
+        return cfg
+    if not info["benchmarks"]:
+        raise MiaError(f"the {cfg.world.scale} demo world has no benchmark: use world.scale demo")
+    import copy
+
+    cfg = copy.deepcopy(cfg)
+    cfg.contamination.benchmark = cfg.contamination.benchmark or info["benchmarks"]["published"]
+    cfg.model.name_or_path = cfg.model.name_or_path or info["model"]
+    cfg.model.reference = cfg.model.reference or info["reference"]
+    return cfg
 
 
 @pipeline(
@@ -115,34 +161,46 @@ def verdict_text(model: str, c, p: float, n_shards: int) -> str:
     flags=(
         ("benchmark", "contamination.benchmark", "the benchmark file, in its published order"),
         ("model", "model.name_or_path", "the model to test: a hub name or a local folder"),
+        (
+            "reference",
+            "model.reference",
+            "a model that never saw the benchmark: checks the premise",
+        ),
     ),
+    resolve=resolve,
 )
 def run(cfg: ContaminationJobConfig, out: Path) -> dict:
     from mia_ray.models.hf import load_tokenizer
     from mia_ray.models.spans import context_limit
     from mia_ray.reports.io import write_json, write_parquet
     from mia_ray.reports.marks import render_contamination_report
-    from mia_ray.stats.ranks import combined_pvalue, rank_pvalue
 
     t0 = time.time()
+    cfg = resolve(cfg)
     c, m = cfg.contamination, cfg.model
     check_target_early(m)
     examples = read_in_order(c.benchmark, c.fields)
     tok = load_tokenizer(m.name_or_path, m.revision, m.trust_remote_code, m.gguf_file)
     limit = context_limit(m.name_or_path, m.max_length, m.revision, m.trust_remote_code,
                           m.gguf_file)  # fmt: skip
+    if m.reference:  # the same texts must fit the reference's window too
+        limit = min(limit, context_limit(m.reference, m.max_length, "", m.trust_remote_code))
     shards = shards_of(examples, c.shard_size, tok, limit, c.separator)
     if not shards:
         raise MiaError(f"{c.benchmark}: {len(examples)} example(s) make no shard of 2 or more")
     ll = shard_loglik(cfg, examples, shards, out)
-    p_shard = np.array([rank_pvalue(r[0], r[1:]) for r in ll])
-    stat, p = combined_pvalue(p_shard, c.permutations + 1, c.draws, c.seed)
-    reject = p <= 0.05
-    text = verdict_text(m.name_or_path, c, p, len(shards))
+    p_shard, stat, p = order_test(ll, c)
+    ref = order_test(shard_loglik(cfg, examples, shards, out, True), c) if m.reference else None
+    p_ref = ref[2] if ref else None
+    premise_holds = p_ref is None or p_ref > 0.05
+    reject = bool(p <= 0.05 and premise_holds)
+    text = verdict_text(m.name_or_path, c, p, len(shards), p_ref, m.reference)
     log(text)
     table = pd.DataFrame({"shard": range(len(shards)), "examples": [len(s) for s in shards],
                           "published_ll": ll[:, 0], "shuffled_ll_mean": ll[:, 1:].mean(axis=1),
                           "p_value": p_shard})  # fmt: skip
+    if ref:
+        table["reference_p_value"] = ref[0]
     write_parquet(out / "shards.parquet", table)
     report = {
         "pipeline": "contamination",
@@ -154,6 +212,9 @@ def run(cfg: ContaminationJobConfig, out: Path) -> dict:
             "statement": "M never trained on the benchmark in its published order (H0)",
             "kind": "exchangeability of the published order",
             "proof": PREMISE,
+            "checked_by": m.reference or None,
+            "reference_p_value": p_ref,
+            "holds": premise_holds if p_ref is not None else None,
         },  # fmt: skip
         "test": {
             "statistic": "Fisher: -2 sum log p over shards",
@@ -167,7 +228,7 @@ def run(cfg: ContaminationJobConfig, out: Path) -> dict:
             "published_preferred": int((ll[:, 0] > ll[:, 1:].mean(axis=1)).sum()),
         },  # fmt: skip
         "shards": table.to_dict(orient="records"),
-        "verdict": {"text": text, "contaminated": bool(reject)},
+        "verdict": {"text": text, "contaminated": bool(reject) if premise_holds else None},
         "runtime": describe(),
         "timings": {"total_s": round(time.time() - t0, 2)},
     }

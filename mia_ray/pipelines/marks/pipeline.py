@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from fractions import Fraction
+from math import ceil
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pandas as pd
 
 from mia_ray.data.marks import candidates_of, count_in, insert_mark, new_key, published, read_key
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import check_target_early, fingerprint, log
+from mia_ray.pipelines.common import check_target_early, fingerprint, log, world_paths
 from mia_ray.pipelines.marks.config import MarkJobConfig, VerifyJobConfig
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
@@ -213,6 +214,22 @@ def _verdict(name: str, p: float, n_tested: int, n_flagged: int, v) -> str:
     return text
 
 
+def resolve_verify(cfg: VerifyJobConfig) -> VerifyJobConfig:
+    """The demo world's model, its marks' key and its published (marked) documents filled in."""
+    info = world_paths(cfg)
+    if info is None:
+        return cfg
+    if not info["marks_key"]:
+        raise MiaError(f"the {cfg.world.scale} demo world has no marks: use world.scale demo")
+    import copy
+
+    cfg = copy.deepcopy(cfg)
+    cfg.verify.key = cfg.verify.key or info["marks_key"]
+    cfg.verify.files = cfg.verify.files or info["documents"]
+    cfg.model.name_or_path = cfg.model.name_or_path or info["model"]
+    return cfg
+
+
 @pipeline(
     "verify",
     VerifyJobConfig,
@@ -222,12 +239,15 @@ def _verdict(name: str, p: float, n_tested: int, n_flagged: int, v) -> str:
         ("key", "verify.key", "the key file `mia-ray mark` wrote"),
         ("files", "verify.files", "a copy of the published files, to check the marks are there"),
     ),
+    resolve=resolve_verify,
 )
 def run_verify(cfg: VerifyJobConfig, out: Path) -> dict:
     from mia_ray.reports.io import write_json, write_parquet
     from mia_ray.reports.marks import render_verify_report
+    from mia_ray.stats.ranks import floor_marks
 
     t0 = time.time()
+    cfg = resolve_verify(cfg)
     v = cfg.verify
     key = read_key(v.key)
     check_target_early(cfg.model)
@@ -241,6 +261,11 @@ def run_verify(cfg: VerifyJobConfig, out: Path) -> dict:
     stat, p = _decide(marks, tested, key, v, found is not None)
     text = _verdict(cfg.model.name_or_path, p, len(tested), int(marks["flagged"].sum()), v)
     log(text)
+    need = floor_marks(len(tested), key["candidates"], v.fdr)
+    if need > 1:
+        log(f"per-file verdicts: with K = {key['candidates']} and {len(tested)} marks, no mark is "
+            f"flagged alone; at least {need} must rank first together (K >= "
+            f"{ceil(len(tested) / v.fdr)} lets one mark be flagged alone)")  # fmt: skip
     write_parquet(out / "candidate_scores.parquet", scores)
     table = marks.drop(columns=["p_exact"])
     report = {
@@ -267,6 +292,7 @@ def run_verify(cfg: VerifyJobConfig, out: Path) -> dict:
             "fdr": v.fdr,
             "n_flagged": int(marks["flagged"].sum()),
             "smallest_p_value": 1 / key["candidates"],
+            "marks_needed_at_floor": floor_marks(len(tested), key["candidates"], v.fdr),
         },
         "marks": table.to_dict(orient="records"),
         "verdict": {"text": text, "trained": p <= 0.05},
