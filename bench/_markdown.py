@@ -17,3 +17,10 @@ def update_section(path: str | Path, text: str) -> None:
         end = old.find("\n## ", start + 1)
         old = old[:start] + (old[end + 1 :] if end != -1 else "")
     path.write_text(old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")
+
+
+def publish(text: str, out: str | Path) -> None:
+    """Print a section, and replace it in ``out`` when given."""
+    print(text)
+    if out:
+        update_section(out, text)

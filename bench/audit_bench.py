@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _audit_before import LinearFeatureScorer, cross_fit, dataset_test  # noqa: E402
-from _markdown import update_section  # noqa: E402
+from _markdown import publish  # noqa: E402
 
 from mia_ray.detectors.dataset_inference import Design, permutation_test  # noqa: E402
 
@@ -83,9 +83,7 @@ def main() -> None:
     for n, t14, t64, tb in rows:
         lines.append(f"| {n} | {t14:.2f} | {t64:.2f} | {tb:.2f} | {args.permutations / t14:,.0f} |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        update_section(args.out, text)
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _markdown import update_section  # noqa: E402
+from _markdown import publish  # noqa: E402
 
 from mia_ray.actors import BATCH  # noqa: E402
 from mia_ray.data.marks import candidates_of, insert_mark, new_key, published  # noqa: E402
@@ -155,9 +155,7 @@ def main() -> None:
     lines += ["", "Seconds (train, score) per epochs setting: "
               + ", ".join(f"{e:g}: {a}, {b}" for e, (a, b) in seconds.items()) + "."]  # fmt: skip
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        update_section(args.out, text)
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,19 @@ def world_paths(cfg) -> dict[str, Any] | None:
     return ensure_world(cfg.world, [cfg.world.target])
 
 
+def world_copy(cfg, need: str, what: str):
+    """With ``world.target`` set: (a copy of ``cfg`` to fill in, the world's paths), refusing a
+    world whose ``need`` is empty (``what`` it lacks); else (``cfg``, None)."""
+    info = world_paths(cfg)
+    if info is None:
+        return cfg, None
+    if not info[need]:
+        raise MiaError(f"the {cfg.world.scale} demo world has no {what}: use world.scale demo")
+    import copy
+
+    return copy.deepcopy(cfg), info
+
+
 def fit_snippets_to_window(cfg, attacks=()):
     """With ``data.snippet_size`` 0 (a snippet as long as the model reads), a copy of ``cfg``
     whose snippet size is that many tokens: ``model.max_length`` capped at the target's and

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import check_target_early, fingerprint, log, world_paths
+from mia_ray.pipelines.common import check_target_early, fingerprint, log, world_copy
 from mia_ray.pipelines.contamination.config import ContaminationJobConfig
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
@@ -61,6 +61,25 @@ def shards_of(examples: list[str], size: int, tok, limit: int, sep: str) -> list
             used += k
         out.append(cur)
     return [s for s in out if len(s) >= 2]
+
+
+def read_shards(cfg: ContaminationJobConfig) -> tuple[list[str], list[list[int]]]:
+    """The benchmark's examples in order and its shards, sized to fit the target's window (and
+    the reference's: both score the same texts)."""
+    from mia_ray.models.hf import load_tokenizer
+    from mia_ray.models.spans import context_limit
+
+    c, m = cfg.contamination, cfg.model
+    examples = read_in_order(c.benchmark, c.fields)
+    tok = load_tokenizer(m.name_or_path, m.revision, m.trust_remote_code, m.gguf_file)
+    limit = context_limit(m.name_or_path, m.max_length, m.revision, m.trust_remote_code,
+                          m.gguf_file)  # fmt: skip
+    if m.reference:
+        limit = min(limit, context_limit(m.reference, m.max_length, "", m.trust_remote_code))
+    shards = shards_of(examples, c.shard_size, tok, limit, c.separator)
+    if not shards:
+        raise MiaError(f"{c.benchmark}: {len(examples)} example(s) make no shard of 2 or more")
+    return examples, shards
 
 
 def orderings(shards: list[list[int]], permutations: int, seed: int) -> list[list[list[int]]]:
@@ -140,17 +159,11 @@ def verdict_text(model: str, c, p: float, n_shards: int, p_ref: float | None = N
 def resolve(cfg: ContaminationJobConfig) -> ContaminationJobConfig:
     """The demo world's model, its reference (which never saw the benchmark) and its
     published benchmark filled in."""
-    info = world_paths(cfg)
-    if info is None:
-        return cfg
-    if not info["benchmarks"]:
-        raise MiaError(f"the {cfg.world.scale} demo world has no benchmark: use world.scale demo")
-    import copy
-
-    cfg = copy.deepcopy(cfg)
-    cfg.contamination.benchmark = cfg.contamination.benchmark or info["benchmarks"]["published"]
-    cfg.model.name_or_path = cfg.model.name_or_path or info["model"]
-    cfg.model.reference = cfg.model.reference or info["reference"]
+    cfg, info = world_copy(cfg, "benchmarks", "benchmark")
+    if info:
+        cfg.contamination.benchmark = cfg.contamination.benchmark or info["benchmarks"]["published"]
+        cfg.model.name_or_path = cfg.model.name_or_path or info["model"]
+        cfg.model.reference = cfg.model.reference or info["reference"]
     return cfg
 
 
@@ -170,8 +183,6 @@ def resolve(cfg: ContaminationJobConfig) -> ContaminationJobConfig:
     resolve=resolve,
 )
 def run(cfg: ContaminationJobConfig, out: Path) -> dict:
-    from mia_ray.models.hf import load_tokenizer
-    from mia_ray.models.spans import context_limit
     from mia_ray.reports.io import write_json, write_parquet
     from mia_ray.reports.marks import render_contamination_report
 
@@ -179,15 +190,7 @@ def run(cfg: ContaminationJobConfig, out: Path) -> dict:
     cfg = resolve(cfg)
     c, m = cfg.contamination, cfg.model
     check_target_early(m)
-    examples = read_in_order(c.benchmark, c.fields)
-    tok = load_tokenizer(m.name_or_path, m.revision, m.trust_remote_code, m.gguf_file)
-    limit = context_limit(m.name_or_path, m.max_length, m.revision, m.trust_remote_code,
-                          m.gguf_file)  # fmt: skip
-    if m.reference:  # the same texts must fit the reference's window too
-        limit = min(limit, context_limit(m.reference, m.max_length, "", m.trust_remote_code))
-    shards = shards_of(examples, c.shard_size, tok, limit, c.separator)
-    if not shards:
-        raise MiaError(f"{c.benchmark}: {len(examples)} example(s) make no shard of 2 or more")
+    examples, shards = read_shards(cfg)
     ll = shard_loglik(cfg, examples, shards, out)
     p_shard, stat, p = order_test(ll, c)
     ref = order_test(shard_loglik(cfg, examples, shards, out, True), c) if m.reference else None

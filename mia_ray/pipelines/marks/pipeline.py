@@ -15,7 +15,7 @@ import pandas as pd
 
 from mia_ray.data.marks import candidates_of, count_in, insert_mark, new_key, published, read_key
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import check_target_early, fingerprint, log, world_paths
+from mia_ray.pipelines.common import check_target_early, fingerprint, log, world_copy
 from mia_ray.pipelines.marks.config import MarkJobConfig, VerifyJobConfig
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
@@ -216,17 +216,11 @@ def _verdict(name: str, p: float, n_tested: int, n_flagged: int, v) -> str:
 
 def resolve_verify(cfg: VerifyJobConfig) -> VerifyJobConfig:
     """The demo world's model, its marks' key and its published (marked) documents filled in."""
-    info = world_paths(cfg)
-    if info is None:
-        return cfg
-    if not info["marks_key"]:
-        raise MiaError(f"the {cfg.world.scale} demo world has no marks: use world.scale demo")
-    import copy
-
-    cfg = copy.deepcopy(cfg)
-    cfg.verify.key = cfg.verify.key or info["marks_key"]
-    cfg.verify.files = cfg.verify.files or info["documents"]
-    cfg.model.name_or_path = cfg.model.name_or_path or info["model"]
+    cfg, info = world_copy(cfg, "marks_key", "marks")
+    if info:
+        cfg.verify.key = cfg.verify.key or info["marks_key"]
+        cfg.verify.files = cfg.verify.files or info["documents"]
+        cfg.model.name_or_path = cfg.model.name_or_path or info["model"]
     return cfg
 
 
