@@ -112,3 +112,7 @@ bench: setup
 	$(VENV)/bin/python bench/leakage_bench.py --scanner-core 20 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/leakage_bench.py --crawl 200 --out BENCHMARKS.md
 	$(VENV)/bin/python bench/cluster_bench.py --scale test --out BENCHMARKS.md
+
+# Remove the demo world (a world of an earlier layout is refused); the next demo rebuilds it.
+clean-world:
+	rm -rf "$${MIA_RAY_HOME:-$$HOME/.cache/mia-ray}/world-demo"
