@@ -172,7 +172,7 @@ def _run_locked(spec, cfg, out: Path) -> int:
     _set_aside_last_report(out)
     write_text(out / "config.yaml", dump_yaml(cfg, spec.name))
     res = getattr(cfg, "resources", None)
-    mode = connect(res.address if res else "", res.num_cpus if res else 0)
+    mode = connect(res.address if res else "", res.num_cpus if res else 0, hide_known_noise=True)
     configure_data_context(res.no_progress_timeout_s if res else 0.0, progress=sys.stderr.isatty())
     t0 = time.time()
     ws = storage.open_workspace(out, res.storage if res else "", mode)

@@ -7,6 +7,7 @@ attaches to the cluster that runs the job; we never start a second instance ther
 from __future__ import annotations
 
 import os
+import re
 
 from mia_ray.errors import MiaError
 
@@ -18,15 +19,91 @@ def in_ray_job() -> bool:
 _MODE = ""
 
 
-def connect(address: str = "", num_cpus: int = 0, quiet: bool = True) -> str:
-    """Start or attach to Ray; return which mode was used: ``local``, ``cluster`` or ``job``."""
+def connect(
+    address: str = "", num_cpus: int = 0, quiet: bool = True, hide_known_noise: bool = False
+) -> str:
+    """Start or attach to Ray; return which mode was used: ``local``, ``cluster`` or ``job``.
+
+    ``hide_known_noise`` (the CLI and the Python API, which own their process's stderr):
+    drop the lines of :data:`KNOWN_HARMLESS` from this process's stderr from now on."""
     global _MODE
     import ray
 
     if ray.is_initialized():
         return _MODE or "attached"
     _MODE = _connect(ray, address, num_cpus, quiet)
+    if hide_known_noise:
+        filter_stderr()
     return _MODE
+
+
+# Lines Ray prints on a run that succeeds, each known harmless, with why.
+KNOWN_HARMLESS = {
+    # Ray Data hands every pool actor its context and its transform as object refs and sets
+    # max_restarts=-1, so Ray's core worker prints this ERROR once per actor (2.60; open
+    # upstream as ray-project/ray#57733). The operator holds those refs until the dataset is
+    # done, so the restart the line warns about still works for as long as the pool runs.
+    "ray-data-actor-args": re.compile(
+        rb"\[[0-9-]+ [0-9:,]+ E \d+ \d+\] core_worker\.cc:\d+: Actor with class name: "
+        rb"'[^'\n]*' and ID: '[0-9a-f]+' has constructor arguments in the object store and "
+        rb"max_restarts > 0\.[^\n]*\n"
+    ),
+}
+# The start of a line of Ray's C++ log ("[2026-12-07 17:44:23,123 E ..."), held back until
+# its end is seen so that a known line is dropped whole and never half printed.
+_RAY_LOG_START = re.compile(rb"\[(?:\d{0,4}|\d{4}-[^\n]*)\Z")
+_FILTER: dict = {}
+
+
+def filter_stderr(known: dict | None = None) -> None:
+    """Route this process's stderr (fd 2, so C++ writes too) through a thread that drops the
+    ``known`` lines (default :data:`KNOWN_HARMLESS`) and passes everything else at once,
+    progress bars' partial lines included. Undone at exit, after the last byte is passed."""
+    import atexit
+    import sys
+    import threading
+
+    if _FILTER:
+        return
+    patterns = list((known or KNOWN_HARMLESS).values())
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward(data: bytes) -> None:
+        try:
+            while data:
+                data = data[os.write(terminal, data) :]
+        except OSError:
+            pass  # a closed terminal: keep draining, so no writer ever blocks on the pipe
+
+    def pump() -> None:
+        held = b""
+        while chunk := os.read(read_end, 65536):
+            held += chunk
+            for pattern in patterns:
+                held = pattern.sub(b"", held)
+            tail = _RAY_LOG_START.search(held)
+            cut = tail.start() if tail else len(held)
+            if cut:
+                forward(held[:cut])
+            held = held[cut:]
+        if held:
+            forward(held)
+        os.close(read_end)
+
+    thread = threading.Thread(target=pump, name="mia-ray-stderr", daemon=True)
+    thread.start()
+
+    def restore() -> None:
+        sys.stderr.flush()
+        os.dup2(terminal, 2)  # closes the pipe's last write end: the pump drains and ends
+        thread.join(timeout=2)  # a child that kept the pipe open
+
+    atexit.register(restore)
+    _FILTER.update(thread=thread, terminal=terminal)
 
 
 def describe() -> dict:
