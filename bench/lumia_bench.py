@@ -32,9 +32,10 @@ def _three_pass_baselines(cfg, meta, splits, out: Path, docs, labels: dict) -> d
     """The classic attacks as LUMIA scored them before: the attack pipeline's own scorer, a
     second target pass (and the reference's) over the same samples."""
     from mia_ray.config import WorldConfig
-    from mia_ray.pipelines.attack import score_attacks
-    from mia_ray.pipelines.attack.config import AttackConfig, AttackJobConfig
+    from mia_ray.pipelines.attack.config import AttackJobConfig
     from mia_ray.pipelines.lumia import baseline_attacks, fold_metrics
+    from mia_ray.scoring.attacks import score_attacks
+    from mia_ray.scoring.config import AttackConfig
 
     attacks = baseline_attacks(cfg)
     acfg = AttackJobConfig(
@@ -102,7 +103,7 @@ def main() -> None:
     labels = dict(zip(meta["doc_id"], meta["label"].astype(int), strict=True))
     if "ref" in cfg.attacks and cfg.model.reference:
         # As the pipeline's run does: both models score the text both fit.
-        from mia_ray.pipelines.attack import crop_to_scored_span
+        from mia_ray.scoring.attacks import crop_to_scored_span
 
         meta, _ = crop_to_scored_span(meta, cfg.model, True)
     work = Path(args.work or tempfile.mkdtemp(prefix="lumia-bench-"))

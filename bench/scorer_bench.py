@@ -226,7 +226,7 @@ def through_ray(texts, model_dir, ref_dir, max_length, batch, threads, block_row
     every row back at the driver)."""
     from mia_ray.actors import BATCH
     from mia_ray.config import ModelConfig, ResourcesConfig
-    from mia_ray.pipelines.attack import scorer_mapper
+    from mia_ray.scoring.pools import scorer_mapper
     from mia_ray.stages import model_blocks
 
     df = pd.DataFrame({"snippet_id": [f"s{i}" for i in range(len(texts))], "text": texts})

@@ -1,4 +1,4 @@
-"""The audit's guarantees measured on synthetic worlds (``mia_ray.demo.validity_worlds``).
+"""The audit's guarantees measured on synthetic worlds (``mia_ray.validity.worlds``).
 
     python bench/validity.py --worlds 500 --permutations 199 --out VALIDITY.md
 
@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _audit_before as B  # noqa: E402
 
-from mia_ray.demo import validity_worlds as V  # noqa: E402
+from mia_ray.validity import worlds as V  # noqa: E402
 from mia_ray.stats.audit import benjamini_hochberg  # noqa: E402
 
 SCHEMES = ("cross", "split")
@@ -47,7 +47,7 @@ def before_world(w: V.World, seed: int, *, null: bool = True, blind: bool = True
     files as independent units, ``LinearFeatureScorer(C=1)`` cross-fitted over 5 seeds, the
     Welch tests merged by 2 x median, conformal p-values ``cross`` and ``split``, the null
     check and the blind check (``TextScorer``) as the former pipeline ran them. Returns
-    {scheme: record} in :func:`validity_worlds.after_world`'s shape."""
+    {scheme: record} in :func:`worlds.after_world`'s shape."""
     t0 = time.perf_counter()
     files = {f: int(s) for f, s in zip(w.files, w.side, strict=True)}
     seeds = list(range(seed, seed + V.ROUNDS))
@@ -215,7 +215,7 @@ def render(results: list[dict], power: list[dict], args, timing: dict) -> str:
         "# Validity of the audit's statistics",
         "",
         f"Measured by `python bench/validity.py --worlds {w} --permutations {p} --out "
-        "VALIDITY.md` on synthetic worlds (`mia_ray/demo/validity_worlds.py`); each world is "
+        "VALIDITY.md` on synthetic worlds (`mia_ray/validity/worlds.py`); each world is "
         "drawn once and audited as `mia-ray audit` does (equalized snippets, sources as "
         "groups, the cross-fitted monotone discriminant with its permutation test, per-file "
         "p-values against every unseen file, Benjamini-Hochberg), and on the same fits the "

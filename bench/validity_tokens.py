@@ -189,9 +189,9 @@ TRAINED_SHIFT, TRAINED_MEMBERS = 0.6, 15  # bench/validity.py's POWER_MEMBERS, i
 
 
 def feature_world(name: str, i: int, seed: int):
-    """An abstract-feature world of ``mia_ray.demo.validity_worlds`` and a reference's
+    """An abstract-feature world of ``mia_ray.validity.worlds`` and a reference's
     features for it: the reference reads the same texts, so it shares their differences."""
-    from mia_ray.demo import validity_worlds as V
+    from mia_ray.validity import worlds as V
 
     rng = V.world_rng(name, seed, i)
     base = None
@@ -254,7 +254,7 @@ def one_feature_world(i: int, seed: int, name: str, permutations: int) -> dict:
 
 
 def rate(flags) -> str:
-    from mia_ray.demo.validity_worlds import wilson
+    from mia_ray.validity.worlds import wilson
 
     flags = list(flags)
     k, n = int(sum(flags)), len(flags)
@@ -363,7 +363,7 @@ def render(summary: dict, fsummary: dict, models: dict[str, str], args, info: di
         "",
         "### Feature worlds with a reference",
         "",
-        "Abstract features as in the scenarios above (`mia_ray/demo/validity_worlds.py`, 30 "
+        "Abstract features as in the scenarios above (`mia_ray/validity/worlds.py`, 30 "
         "suspected vs 40 unseen files, 8 snippets each), with a reference model's features "
         f"beside them: {REF_AGREEMENT} x the target's plus {math.sqrt(1 - REF_AGREEMENT**2):.1f} "
         "x fresh noise of the same correlation, i.e. a reference that reads the same texts and "
@@ -392,7 +392,7 @@ def render(summary: dict, fsummary: dict, models: dict[str, str], args, info: di
 
 
 def holds(flags, level=ALPHA) -> bool:
-    from mia_ray.demo.validity_worlds import wilson
+    from mia_ray.validity.worlds import wilson
 
     k, n = int(sum(flags)), len(flags)
     return wilson(k, n)[0] <= level

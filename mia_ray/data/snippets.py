@@ -159,3 +159,10 @@ def take_per_file(snippets, k: int, seed: int):
         pick = np.random.default_rng(int.from_bytes(key, "little")).choice(len(pos), k, False)
         keep.extend(pos[np.sort(pick)])
     return df.iloc[np.sort(np.asarray(keep, dtype=np.int64))]
+
+
+def text_key(df) -> str:
+    """A key of rows' ``snippet_id`` and ``text``, whatever their order."""
+    import pandas as pd
+
+    return str(pd.util.hash_pandas_object(df[["snippet_id", "text"]], index=False).sum())

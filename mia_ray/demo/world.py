@@ -227,9 +227,7 @@ def fingerprint(scale: str, seed: int) -> str:
 def _versions() -> dict[str, str]:
     from importlib import metadata
 
-    import mia_ray
-
-    out = {"python": platform.python_version(), "mia-ray": mia_ray.__version__}
+    out = {"python": platform.python_version(), "mia-ray": metadata.version("mia-ray")}
     for dist in (
         "torch",
         "transformers",

@@ -631,7 +631,7 @@ def name_lists(
     ``first_top`` keeps the most frequent N of each of the male and female lists (None: all),
     minus ``FIRST_NAME_STOP``; ``last_top`` does the same for surnames.
     """
-    from mia_ray.demo.corpora import package_dir
+    from mia_ray.packages import package_dir
 
     try:
         root = package_dir(NAMES_PACKAGE)

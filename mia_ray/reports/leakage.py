@@ -92,6 +92,8 @@ def few_shot_figure(models: Mapping[str, Mapping[str, Any]]) -> bytes:
 
 def _model_sections(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     ev = report.get("eval")
+    if report.get("eval_skipped"):
+        return [("The models", paragraph(f"The model side did not run: {report['eval_skipped']}."))]
     if not ev:
         return []
     models = ev["models"]

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.memhunter.config import HunterConfig
+from mia_ray.train.config import HunterConfig
 
 Score = Callable[[list[str], list[list[int]], list[list[int]]], tuple[np.ndarray, np.ndarray]]
 

@@ -46,7 +46,7 @@ def finished(job: dict[str, Any]) -> bool:
 
 def _spec(job: dict[str, Any]):
     from mia_ray.config import from_dict
-    from mia_ray.pipelines.copycheck.config import FinetuneConfig
+    from mia_ray.train.config import FinetuneConfig
 
     return from_dict(FinetuneConfig, job["spec"])
 

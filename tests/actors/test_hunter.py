@@ -47,7 +47,7 @@ def test_sampled_prompts_depend_on_the_seed_not_on_the_batch(hunter):
 def test_finetuned_adapter_makes_the_pool_prompts_likely(hunter, hunter_path, tmp_path):
     import torch
 
-    from mia_ray.pipelines.memhunter.config import HunterConfig
+    from mia_ray.train.config import HunterConfig
     from mia_ray.train.hunter import finetune_hunter
 
     prompts = [[464, 3290, 318, 257], [40, 716, 407, 534], [1212, 318, 262, 995]]
@@ -107,8 +107,8 @@ def test_an_adapter_in_storage_serves_as_its_local_folder(
     folder itself (each node copies it once into its node cache)."""
     import uuid
 
-    from mia_ray.pipelines.memhunter.config import HunterConfig
     from mia_ray.storage import open_storage
+    from mia_ray.train.config import HunterConfig
     from mia_ray.train.hunter import finetune_hunter
 
     monkeypatch.setenv("MIA_RAY_HOME", str(tmp_path / "home"))

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from mia_ray.actors.sampler import Sampler, snippet_seed
-from mia_ray.pipelines.copycheck.config import FinetuneConfig
+from mia_ray.train.config import FinetuneConfig
 from mia_ray.train.copycheck import train_member
 
 pytestmark = pytest.mark.slow

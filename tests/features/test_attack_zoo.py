@@ -12,7 +12,7 @@ import pytest
 from mia_ray.errors import MiaError
 from mia_ray.features import attacks as A
 from mia_ray.features.augment import random_swaps
-from mia_ray.pipelines.attack.passes import held_out, prefix_of, smoothed_frequencies
+from mia_ray.scoring.passes import held_out, prefix_of, smoothed_frequencies
 
 
 def stats(lp, **kw):

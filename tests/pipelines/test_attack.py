@@ -165,7 +165,7 @@ def test_a_reference_with_another_tokenizer_scores_the_same_text(tmp_path, ray_l
     from transformers import AutoTokenizer
 
     from mia_ray.config import DataConfig
-    from mia_ray.pipelines.common import labelled_documents, snippets_of
+    from mia_ray.data.inputs import labelled_documents, snippets_of
 
     ref_path, ref_tok = _word_level_model(tmp_path, test_world, n_positions=32)
     out = tmp_path / "run"

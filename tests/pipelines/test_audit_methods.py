@@ -13,7 +13,7 @@ import pytest
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.audit.config import AuditJobConfig
 from mia_ray.pipelines.audit.methods import method_configs, run_methods
-from mia_ray.pipelines.copycheck.config import FinetuneConfig
+from mia_ray.train.config import FinetuneConfig
 
 
 def _audit_cfg(tmp_path, methods, **model):
@@ -232,6 +232,10 @@ def test_leakage_scans_the_suspected_files_and_says_why_the_model_side_did_not_r
     assert "output_rate" not in got and "instances" in got["eval_skipped"]
     report = json.loads((Path(got["out"]) / "report.json").read_text())
     assert report["crawl"]["shards"] == [cfg.audit.suspected]
+    # The survey says so itself (eval.too_few = skip), in its report and its page.
+    assert report["eval_skipped"] == got["eval_skipped"] and "eval" not in report
+    page = (Path(got["out"]) / "report.html").read_text()
+    assert "The model side did not run: the scan found fewer than" in page
 
 
 PLANTED = [

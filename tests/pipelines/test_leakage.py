@@ -675,3 +675,11 @@ def test_a_sample_is_scored_against_the_truth_planted_in_what_it_scanned(
     # Every planted record of the scanned pages is found; those of pages not drawn are not
     # counted as missed.
     assert report["truth"]["pii"]["planted"] == len(pii) == report["truth"]["pii"]["found"]
+
+
+def test_too_few_takes_error_or_skip_only():
+    from mia_ray.pipelines.leakage.config import LeakEvalConfig
+
+    LeakEvalConfig(too_few="skip").validate()
+    with pytest.raises(Exception, match=r"^eval.too_few must be error or skip, not 'maybe'$"):
+        LeakEvalConfig(too_few="maybe").validate()

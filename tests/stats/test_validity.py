@@ -1,4 +1,4 @@
-"""The audit's guarantees on synthetic worlds (``mia_ray.demo.validity_worlds``), as exact
+"""The audit's guarantees on synthetic worlds (``mia_ray.validity.worlds``), as exact
 binomial checks; VALIDITY.md reports the same quantities at 500 worlds beside the former
 procedure.
 
@@ -42,7 +42,7 @@ import pytest
 from scipy import stats
 from threadpoolctl import threadpool_limits
 
-from mia_ray.demo.validity_worlds import SCENARIOS, run_scenario
+from mia_ray.validity.worlds import SCENARIOS, run_scenario
 
 # Their own tier (make test-validity, which CI runs): ~3.5 min of Monte Carlo on 2 cores.
 pytestmark = pytest.mark.validity
@@ -105,7 +105,7 @@ def test_power_in_matched_at_shift_0_6_beats_one_held_out_half_of_the_former_tes
     import importlib.util
     from pathlib import Path
 
-    from mia_ray.demo import validity_worlds as V
+    from mia_ray.validity import worlds as V
 
     path = Path(__file__).resolve().parents[2] / "bench" / "validity.py"
     spec = importlib.util.spec_from_file_location("bench_validity", path)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mia_ray.pipelines.copycheck.config import FinetuneConfig
+from mia_ray.train.config import FinetuneConfig
 from mia_ray.train.copycheck import blob_kl_pi, steps_per_epoch
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.memhunter.config import HunterConfig
+from mia_ray.train.config import HunterConfig
 from mia_ray.train.hunter import beam_search, train_hunter, update_pool
 
 SECRET = [3, 1, 4, 1, 5]

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from mia_ray.pipelines.copycheck.config import FinetuneConfig
+from mia_ray.train.config import FinetuneConfig
 from mia_ray.train.launch import finished, train_members
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

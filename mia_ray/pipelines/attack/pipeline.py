@@ -8,7 +8,6 @@ from pathlib import Path
 from mia_ray.pipelines.attack.config import AttackJobConfig
 from mia_ray.pipelines.attack.evaluation import evaluate_attacks
 from mia_ray.pipelines.attack.report import report_notes
-from mia_ray.pipelines.attack.scoring import score_attacks
 from mia_ray.pipelines.common import (
     check_model_early,
     check_target_early,
@@ -17,6 +16,8 @@ from mia_ray.pipelines.common import (
 )
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
+from mia_ray.scoring.attacks import score_attacks
+from mia_ray.scoring.config import Scoring
 
 
 def resolve(cfg: AttackJobConfig) -> AttackJobConfig:
@@ -44,7 +45,7 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
     check_target_early(cfg.model, cfg.attack)
     if "ref" in cfg.attack.attacks:
         check_model_early(cfg.model.reference, "model.reference")
-    snip_scores, doc_scores, ctx = score_attacks(cfg, out)
+    snip_scores, doc_scores, ctx = score_attacks(Scoring.of(cfg), out)
     write_parquet(out / "snippet_scores.parquet", snip_scores)
     write_parquet(out / "document_scores.parquet", doc_scores)
     if ctx["prefixes"]:  # ReCaLL's and Con-ReCall's prefixes, as the model read them

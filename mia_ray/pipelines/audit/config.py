@@ -17,7 +17,7 @@ from mia_ray.config import (
 )
 from mia_ray.detectors.dataset_inference import check_permutations
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.attack.config import (
+from mia_ray.scoring.config import (
     AttackConfig,
     DcPddConfig,
     NeighbourhoodConfig,

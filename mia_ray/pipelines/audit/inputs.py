@@ -176,8 +176,8 @@ def select_snippets(
     doc_id, text), length summary)."""
     import ray
 
+    from mia_ray.data.inputs import snippets_of
     from mia_ray.data.snippets import take_per_file
-    from mia_ray.pipelines.common import snippets_of
 
     d = cfg.data
     full = dataclasses.replace(d, min_snippet_size=d.snippet_size + 1, max_snippets_per_doc=0)
@@ -364,7 +364,7 @@ def held_out_sources(files: pd.DataFrame, shots: int, seed: int) -> tuple[list[s
     (``files``: doc_id, side, source) in the order of a hash of ``seed`` and their name,
     whole, until ``shots`` files are gathered; the prefix is the first ``shots`` of those
     files, each source's in the order of a hash of their ids."""
-    from mia_ray.pipelines.attack.passes import rank
+    from mia_ray.scoring.passes import rank
 
     unseen = files[files["side"] == 0]
     chosen, sources = [], []
@@ -392,7 +392,7 @@ def audit_prefixes(cfg: AuditJobConfig, files: pd.DataFrame, snippets: pd.DataFr
     never saw (the p-values' premise). Returns ``(files, snippets, prefixes, held)``, ``held``
     the prefix's files and every file left out with them."""
     from mia_ray.features.attacks import passes_of
-    from mia_ray.pipelines.attack.passes import prefix_from_path, prefix_of
+    from mia_ray.scoring.passes import prefix_from_path, prefix_of
 
     a, r = cfg.audit, cfg.audit.recall
     need = passes_of(a.attacks)

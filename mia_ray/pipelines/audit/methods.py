@@ -40,24 +40,10 @@ import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mia_ray.config import BackendConfig
+from mia_ray.config import from_dict, to_dict
 from mia_ray.errors import MiaError
+from mia_ray.log import log
 from mia_ray.pipelines.audit.config import AUDIT_METHODS, AuditJobConfig
-from mia_ray.pipelines.common import log
-from mia_ray.pipelines.copycheck.config import (
-    CopyCheckJobConfig,
-    DetectConfig,
-    ExperimentConfig,
-    FinetuneConfig,
-    UncertaintyConfig,
-)
-from mia_ray.pipelines.leakage.config import (
-    CrawlConfig,
-    LeakageJobConfig,
-    LeakEvalConfig,
-    ScanConfig,
-)
-from mia_ray.pipelines.memhunter.config import ExtractionConfig, HunterConfig, MemHunterJobConfig
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,77 +52,70 @@ if TYPE_CHECKING:
 MEMHUNTER_MIN_DOCS = 3
 
 
-def _world(cfg: AuditJobConfig):
+def _job(name: str, sections: dict[str, Any]) -> Any:
+    """Pipeline ``name``'s own job config from ``sections`` (its YAML as a dict): the audit
+    reaches the other pipelines through the registry only, as the CLI does."""
+    from mia_ray import registry
+
+    return from_dict(registry.get("pipeline", name).config_cls, sections)
+
+
+def _shared(cfg: AuditJobConfig, *names: str) -> dict[str, Any]:
     # The audit resolved the demo world already: sub-pipelines get concrete paths.
-    world = copy.deepcopy(cfg.world)
-    world.target = ""
-    return world
+    out = {n: to_dict(getattr(cfg, n)) for n in names}
+    out["world"] = {**to_dict(cfg.world), "target": ""}
+    return out
 
 
-def _copycheck(cfg: AuditJobConfig) -> CopyCheckJobConfig:
-    res = cfg.resources
-    return CopyCheckJobConfig(
-        data=copy.deepcopy(cfg.data),
-        model=copy.deepcopy(cfg.model),
-        resources=copy.deepcopy(res),
-        world=_world(cfg),
-        experiment=ExperimentConfig(
-            mode="audit", suspected=cfg.audit.suspected, unseen=cfg.audit.unseen
-        ),
-        finetune=FinetuneConfig(max_length=min(FinetuneConfig.max_length, cfg.model.max_length)),
-        uncertainty=UncertaintyConfig(
-            sampler_actors=res.scorer_actors,
-            cpus_per_actor=res.cpus_per_actor,
-            gpus_per_actor=res.gpus_per_actor,
-            batch_size=cfg.model.batch_size,
-            train_cpus=res.cpus_per_actor,
-            train_gpus=res.gpus_per_actor,
-        ),
-        detect=DetectConfig(baselines=["prob_tool"] if cfg.data.labels else []),
-        backend=BackendConfig(device=cfg.model.device, dtype=cfg.model.dtype),
-    )
+def _copycheck(cfg: AuditJobConfig) -> Any:
+    res, m = cfg.resources, cfg.model
+    sub = _job("copycheck", {
+        **_shared(cfg, "data", "model", "resources"),
+        "experiment": {"mode": "audit", "suspected": cfg.audit.suspected,
+                       "unseen": cfg.audit.unseen},
+        "uncertainty": {
+            "sampler_actors": res.scorer_actors, "cpus_per_actor": res.cpus_per_actor,
+            "gpus_per_actor": res.gpus_per_actor, "batch_size": m.batch_size,
+            "train_cpus": res.cpus_per_actor, "train_gpus": res.gpus_per_actor,
+        },
+        "detect": {"baselines": ["prob_tool"] if cfg.data.labels else []},
+        "backend": {"device": m.device, "dtype": m.dtype},
+    })  # fmt: skip
+    sub.finetune.max_length = min(sub.finetune.max_length, m.max_length)
+    return sub
 
 
-def _memhunter(cfg: AuditJobConfig) -> MemHunterJobConfig:
+def _memhunter(cfg: AuditJobConfig) -> Any:
     if not cfg.model.reference:
         raise MiaError(
             "needs model.reference (--reference): its dataset test compares the model with one "
             "that surely never saw the suspected files, and that model writes the prompts"
         )
-    data = copy.deepcopy(cfg.data)
-    data.path, data.labels = cfg.audit.suspected, ""
-    data.max_docs_per_class = 0
-    data.min_docs_per_class = MEMHUNTER_MIN_DOCS
     res = cfg.resources
-    return MemHunterJobConfig(
-        data=data,
-        model=copy.deepcopy(cfg.model),
-        resources=copy.deepcopy(res),
-        world=_world(cfg),
-        hunter=HunterConfig(
-            model=cfg.model.reference, train_cpus=res.cpus_per_actor, train_gpus=res.gpus_per_actor
-        ),
-        extraction=ExtractionConfig(splits=["test", "nonmember"], methods=["manual"]),
-    )
+    sections = _shared(cfg, "data", "model", "resources")
+    sections["data"].update(path=cfg.audit.suspected, labels="", max_docs_per_class=0,
+                            min_docs_per_class=MEMHUNTER_MIN_DOCS)  # fmt: skip
+    return _job("memhunter", {
+        **sections,
+        "hunter": {"model": cfg.model.reference, "train_cpus": res.cpus_per_actor,
+                   "train_gpus": res.gpus_per_actor},
+        "extraction": {"splits": ["test", "nonmember"], "methods": ["manual"]},
+    })  # fmt: skip
 
 
-def _leakage(cfg: AuditJobConfig) -> LeakageJobConfig:
+def _leakage(cfg: AuditJobConfig) -> Any:
     m, res = cfg.model, cfg.resources
     loadable = not (m.revision or m.gguf_file or m.trust_remote_code)
-    return LeakageJobConfig(
-        world=_world(cfg),
-        resources=copy.deepcopy(res),
-        crawl=CrawlConfig(
-            shards=[cfg.audit.suspected] if cfg.audit.suspected else [],
-            text_field=cfg.data.text_field,
-            id_field=cfg.data.id_field,
-        ),
-        scan=ScanConfig(workers=res.scorer_actors, cpus_per_worker=res.cpus_per_actor),
-        backend=BackendConfig(
-            kind="local", device=m.device, dtype=m.dtype, batch_size=m.batch_size
-        ),
-        eval=LeakEvalConfig(targets=[m.name_or_path] if loadable and m.name_or_path else []),
-    )
+    return _job("leakage", {
+        **_shared(cfg, "resources"),
+        "crawl": {"shards": [cfg.audit.suspected] if cfg.audit.suspected else [],
+                  "text_field": cfg.data.text_field, "id_field": cfg.data.id_field},
+        "scan": {"workers": res.scorer_actors, "cpus_per_worker": res.cpus_per_actor},
+        "backend": {"kind": "local", "device": m.device, "dtype": m.dtype,
+                    "batch_size": m.batch_size},
+        "eval": {"targets": [m.name_or_path] if loadable and m.name_or_path else [],
+                 "too_few": "skip"},
+    })  # fmt: skip
 
 
 _BUILDERS = {"copycheck": _copycheck, "memhunter": _memhunter, "leakage": _leakage}
@@ -206,7 +185,7 @@ def run_methods(
     return summaries
 
 
-def _run_copycheck(cfg: AuditJobConfig, sub: CopyCheckJobConfig, run, d: Path, scored) -> dict:
+def _run_copycheck(cfg: AuditJobConfig, sub: Any, run, d: Path, scored) -> dict:
     """``files``: audit file id -> verdict (seen / unseen) and confidence, from the first
     detection method (GMM by default); ``summary`` (mean accuracy per method, with labels
     only) and ``diagnostics`` (did the fine-tunes learn beyond the base rate?)."""
@@ -228,7 +207,7 @@ def _run_copycheck(cfg: AuditJobConfig, sub: CopyCheckJobConfig, run, d: Path, s
     }
 
 
-def _run_memhunter(cfg: AuditJobConfig, sub: MemHunterJobConfig, run, d: Path, _scored) -> dict:
+def _run_memhunter(cfg: AuditJobConfig, sub: Any, run, d: Path, _scored) -> dict:
     """``extraction``: per method (memhunter, manual), split and budget, the mean share of the
     continuation recovered (``avg_lcss``) and the share recovered whole (``hit_rate``);
     ``dataset_test``: the audited model's tests by kind (the verdict is ``gap_vs_nonmember``)
@@ -267,31 +246,18 @@ def _run_memhunter(cfg: AuditJobConfig, sub: MemHunterJobConfig, run, d: Path, _
     }
 
 
-def _run_leakage(cfg: AuditJobConfig, sub: LeakageJobConfig, run, d: Path, _scored) -> dict:
+def _run_leakage(cfg: AuditJobConfig, sub: Any, run, d: Path, _scored) -> dict:
     """``leakage_rate`` (share of suspected files with personal data, Wilson interval) and
     ``pii_without_names``; with the model side, the audited model's ``output_rate`` and
-    ``detection_rate`` per category; else ``eval_skipped`` says why."""
-    from mia_ray.pipelines.leakage.evaluation import instances
-    from mia_ray.pipelines.leakage.scan import read_findings
-
-    targets, skipped = list(sub.eval.targets), ""
-    # The scan first: whether the model side has instances to ask about is known after it.
-    sub.eval.targets = []
+    ``detection_rate`` per category; else ``eval_skipped`` says why (the survey itself says
+    when its scan found too few instances: ``eval.too_few = skip``)."""
     report = run(sub, d)
-    if not targets:
+    skipped = report.get("eval_skipped", "")
+    if not sub.eval.targets:
         skipped = (
             "eval.targets is empty (the local backend cannot load a model with "
             "model.revision, gguf_file or trust_remote_code as the audit does)"
         )
-    elif instances(sub, read_findings(d, list(report["shards"]))).empty:
-        pool = max([sub.eval.shots, *sub.eval.few_shot_curve]) // 2
-        skipped = (
-            f"the scan found fewer than {pool + 1} instances of any category (the few-shot "
-            "pool and one more)"
-        )
-    else:
-        sub.eval.targets = targets
-        report = run(sub, d)  # the scan's shards are reused
     if skipped:
         log(f"audit.methods leakage: scan only: {skipped}")
     scanned = ["pii"] + [c for c in ("copyright", "benchmark") if getattr(sub.scan, c)]

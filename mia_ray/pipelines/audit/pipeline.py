@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from mia_ray.pipelines.attack.config import AttackJobConfig
 from mia_ray.pipelines.audit.analysis import analyse, feature_columns
 from mia_ray.pipelines.audit.config import AuditJobConfig
 from mia_ray.pipelines.audit.inputs import (
@@ -47,8 +46,9 @@ def resolve(cfg: AuditJobConfig) -> AuditJobConfig:
     resolve=resolve,
 )
 def run(cfg: AuditJobConfig, out: Path) -> dict:
-    from mia_ray.pipelines.attack import score_attacks
     from mia_ray.pipelines.audit.methods import method_configs, run_methods
+    from mia_ray.scoring.attacks import score_attacks
+    from mia_ray.scoring.config import Scoring
 
     t0 = time.time()
     cfg = resolve(cfg)
@@ -61,10 +61,10 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
     side = dict(zip(files["doc_id"], files["side"], strict=True))
     attack = a.attack_config(bool(cfg.model.reference))
     attacks = attack.attacks
-    acfg = AttackJobConfig(data=cfg.data, model=cfg.model, resources=cfg.resources, attack=attack)
+    scoring = Scoring(data=cfg.data, model=cfg.model, resources=cfg.resources, attack=attack)
     with_ref_check = bool(cfg.model.reference) and a.reference_check
     snip, _, ctx = score_attacks(
-        acfg,
+        scoring,
         out,
         labels=side,
         snippets=snippets,

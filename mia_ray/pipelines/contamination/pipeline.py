@@ -98,7 +98,7 @@ def shard_loglik(cfg: ContaminationJobConfig, examples: list[str], shards, out: 
     """(shards, 1 + permutations) log-likelihoods under the model (``reference``: under
     ``model.reference``): per shard its published order first, then its shuffles (the Scorer
     pool's plain pass, a resumable stage)."""
-    from mia_ray.pipelines.attack.pools import score_pool, scorer_key
+    from mia_ray.scoring.pools import score_pool, scorer_key
 
     c, m = cfg.contamination, cfg.model
     name, prefix = (m.reference, "ref_") if reference else (m.name_or_path, "")

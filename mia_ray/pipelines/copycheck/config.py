@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from mia_ray.config import (
     BackendConfig,
@@ -18,50 +17,7 @@ from mia_ray.config import (
     hint,
 )
 from mia_ray.errors import MiaError
-from mia_ray.models.prompt import DEFAULT_TEMPLATE
-
-
-@dataclass
-class FinetuneConfig:
-    """CopyCheck's fine-tuning recipe, shared by MC dropout, BLoB and the ensemble members.
-
-    Defaults are those of the BLoB reference code that CopyCheck builds on (LoRA r 8,
-    alpha 16, dropout 0.1, lr 1e-4, batch 4, 300 tokens) and CopyCheck's one epoch (§III-B3:
-    more epochs blur seen vs unseen).
-    """
-
-    epochs: float = 1.0
-    batch_size: int = 4
-    grad_accum: int = 1
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.06  # linear warmup share of the steps, as in CopyCheck's scripts
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.1
-    target_modules: list[str] = field(default_factory=list)  # empty = by architecture
-    max_length: int = 300  # prompt tokens; the snippet is cropped to fit
-    template: str = DEFAULT_TEMPLATE
-    blob_prior_std: float = 0.2
-    blob_init_std: float = 0.0025  # BLoB: G ~ U[eps/sqrt2, eps], eps 0.05; sigma = G^2
-    # multiplies pi = 1 / optimizer steps per epoch (BLoB's KL reweighting): the KL step runs
-    # once per optimizer step, so grad_accum and the Ray Train workers count
-    blob_kl_weight: float = 1.0
-    blob_kl_lr: float = 0.01  # BLoB steps pi * KL with its own SGD after each CE step
-    deepspeed: str = (
-        ""  # a DeepSpeed JSON config for the HF Trainer (GPUs; ZeRO also runs on CPU with gloo)
-    )
-    seed: int = 0
-
-    def validate(self) -> None:
-        if self.epochs <= 0 or self.batch_size < 1 or self.lr <= 0:
-            raise MiaError("finetune.epochs, finetune.batch_size and finetune.lr must be positive")
-        if not 0 <= self.lora_dropout < 1:
-            raise MiaError(f"finetune.lora_dropout must lie in [0, 1), not {self.lora_dropout}")
-        if self.template.count("{text}") != 1:
-            raise MiaError("finetune.template must contain {text} exactly once")
-        if self.deepspeed and not Path(self.deepspeed).is_file():
-            raise MiaError(f"finetune.deepspeed: no such DeepSpeed config file: {self.deepspeed}")
+from mia_ray.train.config import FinetuneConfig
 
 
 @dataclass

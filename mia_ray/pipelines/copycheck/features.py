@@ -8,12 +8,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from mia_ray.data.snippets import text_key
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import (
-    fingerprint,
-    log,
-    text_key,
-)
+from mia_ray.pipelines.common import fingerprint, log
 from mia_ray.pipelines.copycheck.inputs import read_side, snippets_for
 
 
@@ -42,7 +39,7 @@ def score_target(
     Scorer's columns, token statistics included); snippets with one of those texts are not
     scored again, so a pass over the same snippets is the only one."""
     from mia_ray.models.identity import model_key
-    from mia_ray.pipelines.attack import score_pool
+    from mia_ray.scoring.pools import score_pool
 
     rows = rows[["snippet_id", "text"]].reset_index(drop=True)
     known = pd.DataFrame()

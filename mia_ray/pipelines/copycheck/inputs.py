@@ -6,10 +6,8 @@ from typing import Any
 
 import pandas as pd
 
+from mia_ray.data.inputs import snippets_of
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import (
-    snippets_of,
-)
 from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 
 

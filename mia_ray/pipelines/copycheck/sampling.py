@@ -9,12 +9,9 @@ import numpy as np
 import pandas as pd
 
 from mia_ray.config import to_dict
+from mia_ray.data.snippets import text_key
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import (
-    fingerprint,
-    log,
-    text_key,
-)
+from mia_ray.pipelines.common import fingerprint, log
 from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 from mia_ray.runtime import ray_options
 from mia_ray.stages import parts_stage

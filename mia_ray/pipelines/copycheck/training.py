@@ -6,11 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from mia_ray.pipelines.common import (
-    fingerprint,
-    log,
-    text_key,
-)
+from mia_ray.data.snippets import text_key
+from mia_ray.pipelines.common import fingerprint, log
 from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 
 

@@ -102,8 +102,13 @@ class LeakEvalConfig:
     min_k_ratio: float = 0.2
     ci: float = 0.95
     seed: int = 0
+    # When no category has enough instances for the few-shot pool and one more: `error`
+    # stops the run; `skip` reports the scan alone with `eval_skipped` saying why (the audit).
+    too_few: str = "error"
 
     def validate(self) -> None:
+        if self.too_few not in ("error", "skip"):
+            raise MiaError(f"eval.too_few must be error or skip, not {self.too_few!r}")
         for n in [self.shots, *self.few_shot_curve]:
             if n < 0 or n % 2:
                 raise MiaError(

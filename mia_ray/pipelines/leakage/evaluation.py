@@ -291,12 +291,19 @@ def backend_spec(cfg: LeakageJobConfig, path: str, ident: str, out: Path) -> dic
 
 
 def run_eval(cfg: LeakageJobConfig, found: pd.DataFrame, out: Path) -> dict[str, Any]:
-    """Instances, then every target in turn; returns ``{"instances", "models": {name: ...}}``."""
+    """Instances, then every target in turn; returns ``{"instances", "models": {name: ...}}``,
+    or ``{"skipped": why}`` when there are too few instances and ``eval.too_few`` is skip."""
     from mia_ray.features.leaks import DETECTION_HEADER, REFUSALS
     from mia_ray.reports.io import write_parquet
     from mia_ray.stages import folder_stage
 
     inst = instances(cfg, found)
+    if inst.empty and cfg.eval.too_few == "skip":
+        pool = max([cfg.eval.shots, *cfg.eval.few_shot_curve]) // 2
+        return {
+            "skipped": f"the scan found fewer than {pool + 1} instances of any category (the "
+            "few-shot pool and one more)"
+        }
     if inst.empty:
         raise MiaError(
             "eval: no category has enough instances for the few-shot pool and one more; "

@@ -8,6 +8,7 @@ from typing import Any
 
 from mia_ray.config import to_dict
 from mia_ray.features.leaks import CATEGORIES
+from mia_ray.log import log
 from mia_ray.pipelines.leakage.config import LeakageJobConfig
 from mia_ray.pipelines.leakage.inputs import check_paths, check_pool_fits, resolve_inputs
 from mia_ray.pipelines.leakage.rates import rates_of_counts, score_against_truth
@@ -53,6 +54,21 @@ def truth_of(cfg: LeakageJobConfig, out: Path, names: list[str], found) -> dict 
     return score_against_truth(found, cfg.crawl.truth, scanned)
 
 
+def model_side(cfg: LeakageJobConfig, found, out: Path) -> tuple[dict | None, str]:
+    """The evaluation of ``eval.targets`` (none: the scan only), or ``(None, why)`` when the
+    scan found too few instances and ``eval.too_few`` is skip."""
+    if not cfg.eval.targets:
+        return None, ""
+    from mia_ray.pipelines.leakage.evaluation import run_eval
+
+    evaluation = run_eval(cfg, found, out)
+    skipped = evaluation.pop("skipped", "")
+    if skipped:
+        log(f"eval: the model side did not run: {skipped}")
+        return None, skipped
+    return evaluation, ""
+
+
 @pipeline(
     "leakage",
     LeakageJobConfig,
@@ -86,11 +102,7 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
         if truth:
             row.update({k: truth[c][k] for k in ("planted", "found", "precision", "recall")})
         leakage_rate[c] = row
-    evaluation = None
-    if cfg.eval.targets:
-        from mia_ray.pipelines.leakage.evaluation import run_eval
-
-        evaluation = run_eval(cfg, found, out)
+    evaluation, skipped = model_side(cfg, found, out)
     scanned_mb = sum(c["bytes"] for c in counts.values()) / 1e6
     report = {
         "pipeline": "leakage",
@@ -108,6 +120,7 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
         "shards": rates["shards"],
         "truth": truth,
         **model_keys(cfg, evaluation),
+        **({"eval_skipped": skipped} if skipped else {}),
         "matches": found.drop(columns=["instance_start", "instance"])
         .head(cfg.scan.max_listed_matches)
         .to_dict("records"),

@@ -27,8 +27,8 @@ def extract_activations(
     from mia_ray.actors import BATCH
     from mia_ray.actors.activations import ActivationReader
     from mia_ray.models.identity import tree_sha256
-    from mia_ray.pipelines.attack import scorer_key
     from mia_ray.runtime import ray_options
+    from mia_ray.scoring.pools import scorer_key
 
     res = cfg.resources
     threads = res.torch_threads or max(1, int(np.ceil(res.cpus_per_actor)))

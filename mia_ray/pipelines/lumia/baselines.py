@@ -45,7 +45,7 @@ def baselines_of(
     """The classic attacks on the same samples and folds: the target's token statistics from
     the activation pass (``parts``), the reference model's loss from its own Scorer pass."""
     from mia_ray.features.attacks import score_table, stats_from_columns
-    from mia_ray.pipelines.attack import score_pool, scorer_key
+    from mia_ray.scoring.pools import score_pool, scorer_key
 
     attacks = baseline_attacks(cfg)
     if not attacks:

@@ -6,11 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from mia_ray.data.inputs import labelled_documents, snippets_of
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import (
-    labelled_documents,
-    snippets_of,
-)
 from mia_ray.pipelines.lumia.config import LumiaJobConfig
 
 

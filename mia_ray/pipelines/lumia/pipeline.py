@@ -48,7 +48,7 @@ def run_target(cfg: LumiaJobConfig, name: str, out: Path) -> dict[str, Any]:
         y, groups, n_repeats=p.repeats, test_size=p.test_size, seed=p.seed
     )
 
-    from mia_ray.pipelines.attack import crop_to_scored_span
+    from mia_ray.scoring.attacks import crop_to_scored_span
 
     stats = not multimodal and bool(baseline_attacks(cfg))
     if stats and "ref" in cfg.attacks and cfg.model.reference:

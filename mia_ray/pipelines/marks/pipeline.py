@@ -134,7 +134,7 @@ def _found(key: dict, files: str, cfg) -> dict[str, dict]:
 def _scores(cfg: VerifyJobConfig, key: dict, out: Path) -> pd.DataFrame:
     """Every candidate of every mark scored under the model (mark_id, candidate, loss): the
     Scorer pool's plain pass, a resumable stage keyed by the key's candidates and the model."""
-    from mia_ray.pipelines.attack.pools import score_pool, scorer_key
+    from mia_ray.scoring.pools import score_pool, scorer_key
 
     rows = pd.DataFrame(
         [

@@ -10,10 +10,9 @@ from mia_ray.config import (
     ModelConfig,
     ResourcesConfig,
     WorldConfig,
-    check_at_least_1,
-    check_cpus_gpus,
 )
 from mia_ray.errors import MiaError
+from mia_ray.train.config import HunterConfig
 
 
 @dataclass
@@ -36,44 +35,6 @@ class PairsConfig:
             raise MiaError(
                 f"pairs.splits must be three positive shares summing to 1, not {self.splits}"
             )
-
-
-@dataclass
-class HunterConfig:
-    """The prompt-writing hunter and its training (Algorithm 1; Appendix A's defaults)."""
-
-    model: str = ""  # hub name or folder; demo: the world's tiny-ref (trained on non-members)
-    prompt_tokens: int = 8
-    top_k: int = 48
-    beams: int = 4
-    temperature: float = 0.1  # beam selection: softmax((mu - loss_weight * loss) / temperature)
-    loss_weight: float = 0.1
-    pool_size: int = 256
-    rejection: bool = True
-    iterations: int = 10
-    lora_r: int = 8
-    lora_alpha: int = 16
-    epochs: int = 8
-    lr: float = 5e-4
-    batch_size: int = 8
-    separator: str = "\n"
-    max_x_tokens: int = 64
-    sample_top_k: int = 48  # extraction: prompts sampled from the hunter's top-k ...
-    sample_temperature: float = 1.0  # ... at this temperature, one per trial
-    train_cpus: float = 1.0  # the LoRA fine-tune of each iteration is a Ray task
-    train_gpus: float = 0.0
-    seed: int = 0
-
-    def validate(self) -> None:
-        if self.prompt_tokens < 2 or self.top_k < 1 or self.beams < 1 or self.iterations < 1:
-            raise MiaError(
-                "hunter.prompt_tokens must be at least 2; hunter.top_k, hunter.beams and "
-                "hunter.iterations at least 1"
-            )
-        if self.pool_size < 1 or self.epochs < 1 or self.lr <= 0 or self.sample_top_k < 1:
-            raise MiaError("hunter.pool_size, epochs, lr and sample_top_k must be positive")
-        check_at_least_1({"hunter.batch_size": self.batch_size})
-        check_cpus_gpus("hunter", self.train_cpus, self.train_gpus, "")
 
 
 @dataclass

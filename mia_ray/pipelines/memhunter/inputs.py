@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from mia_ray.data.inputs import labelled_documents
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import (
-    check_model_early,
-    check_target_early,
-    labelled_documents,
-    resolve_world,
-)
+from mia_ray.pipelines.common import check_model_early, check_target_early, resolve_world
 from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
 
 

@@ -1,4 +1,4 @@
-"""Scoring: snippets through Scorer actor pools (target, reference) as parts stages, then every attack's score per snippet and per document."""
+"""Attack scores: snippets through Scorer actor pools (target, reference) as parts stages, then every attack's score per snippet and per document."""
 
 from __future__ import annotations
 
@@ -7,15 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from mia_ray.data.inputs import labelled_documents, snippets_of
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.attack.config import AttackJobConfig
-from mia_ray.pipelines.attack.pools import score_pool, scorer_key
-from mia_ray.pipelines.common import (
-    fingerprint,
-    labelled_documents,
-    log,
-    snippets_of,
-)
+from mia_ray.keys import fingerprint
+from mia_ray.log import log
+from mia_ray.scoring.config import Scoring
+from mia_ray.scoring.pools import score_pool, scorer_key
 
 
 def crop_to_scored_span(
@@ -50,7 +47,7 @@ def aggregate_scores(snip: pd.DataFrame, cols: list[str], how: str) -> pd.DataFr
 
 
 def score_attacks(
-    cfg: AttackJobConfig,
+    cfg: Scoring,
     out: Path,
     docs=None,
     labels: dict[str, int] | None = None,
@@ -71,7 +68,7 @@ def score_attacks(
     stage under ``out/reference``; its plain pass gives the ``ref`` attack its losses.
     """
     from mia_ray.features.attacks import passes_of
-    from mia_ray.pipelines.attack.passes import recall_prefixes, run_passes
+    from mia_ray.scoring.passes import recall_prefixes, run_passes
 
     t0 = time.time()
     docs, labels, snip_meta = _snippets_of_job(cfg, docs, labels, snippets)
@@ -141,11 +138,11 @@ def score_attacks(
     )
 
 
-def _reference_scores(cfg: AttackJobConfig, snip_meta, out: Path, fp_snip, prefixes, labels):
+def _reference_scores(cfg: Scoring, snip_meta, out: Path, fp_snip, prefixes, labels):
     """The reference's scores of the snippets for :func:`reference_job`'s attacks (snippet_id
     and one column per score), its losses for the ``ref`` attack and each pass's seconds."""
     from mia_ray.features.attacks import passes_of
-    from mia_ray.pipelines.attack.passes import run_passes
+    from mia_ray.scoring.passes import run_passes
 
     rcfg = reference_job(cfg)
     log(f"the reference {cfg.model.reference} scores the same snippets with the same attacks")
@@ -158,7 +155,7 @@ def _reference_scores(cfg: AttackJobConfig, snip_meta, out: Path, fp_snip, prefi
     return rs[["snippet_id", *rcols]], ref_loss, seconds
 
 
-def reference_job(cfg: AttackJobConfig) -> AttackJobConfig:
+def reference_job(cfg: Scoring) -> Scoring:
     """``cfg`` with the reference as its model and the attacks the reference can score as a
     target would: all but ``ref`` (itself) and SaMIA (its samples may come from an API or a
     server of the target)."""
@@ -171,7 +168,7 @@ def reference_job(cfg: AttackJobConfig) -> AttackJobConfig:
     return rcfg
 
 
-def _snippets_of_job(cfg: AttackJobConfig, docs, labels, snippets):
+def _snippets_of_job(cfg: Scoring, docs, labels, snippets):
     """The documents, labels and (snippet_id, doc_id, text) the job scores."""
     if docs is None and snippets is None:
         docs, labels = labelled_documents(cfg.data)
@@ -188,7 +185,7 @@ def _snippets_of_job(cfg: AttackJobConfig, docs, labels, snippets):
     return docs, labels, snip_meta
 
 
-def _forward_passes(cfg: AttackJobConfig, snip_meta: pd.DataFrame, rows_dir: Path, fp_snip,
+def _forward_passes(cfg: Scoring, snip_meta: pd.DataFrame, rows_dir: Path, fp_snip,
                     ref_loss: pd.DataFrame | None = None, name: str = "target"):  # fmt: skip
     """The model's pass (with the lowercase one when asked) and the reference's, merged
     with the snippets; also the seconds of each. ``ref_loss`` (snippet_id, ref_loss): the
@@ -235,7 +232,7 @@ def _forward_passes(cfg: AttackJobConfig, snip_meta: pd.DataFrame, rows_dir: Pat
     return merged, seconds
 
 
-def _score_frames(cfg: AttackJobConfig, merged: pd.DataFrame, extra: dict, labels):
+def _score_frames(cfg: Scoring, merged: pd.DataFrame, extra: dict, labels):
     """Every attack's snippet scores and their document aggregates, labelled."""
     from mia_ray.features.attacks import score_table, stats_from_columns
 

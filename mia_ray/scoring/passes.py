@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mia_ray.data.snippets import text_key
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import fingerprint, log, text_key
+from mia_ray.keys import fingerprint
+from mia_ray.log import log
 
 PREFIX_SEPARATOR = "\n\n"
 
@@ -47,8 +49,8 @@ def prefix_of(snippets: pd.DataFrame, doc_ids: list[str]) -> str:
 
 def prefix_from_path(path: str, cfg, n: int, seed: int) -> tuple[str, list[str]]:
     """A prefix of ``n`` documents of ``path`` (the first by :func:`held_out`'s order)."""
+    from mia_ray.data.inputs import snippets_of
     from mia_ray.data.readers import read_documents
-    from mia_ray.pipelines.common import snippets_of
 
     docs = read_documents(path, format=cfg.data.format, text_field=cfg.data.text_field,
                           id_field=cfg.data.id_field)  # fmt: skip
@@ -171,7 +173,7 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
     snippets of ``merged`` (its rows' order), by ``SnippetStats`` field name; each pass's
     wall seconds in this run go to ``seconds`` (0 when its stage was reused); ``label``
     prefixes the passes' names in the progress log (the reference's passes)."""
-    from mia_ray.pipelines.attack.pools import score_pool, scorer_key
+    from mia_ray.scoring.pools import score_pool, scorer_key
 
     a, rows_dir = cfg.attack, out / "rows"
     key = scorer_key(cfg.model, cfg.resources)
@@ -255,8 +257,8 @@ def sampled(cfg, scored: pd.DataFrame, out: Path, fp_snip: str) -> pd.DataFrame:
     from mia_ray import storage
     from mia_ray.actors.backend import Continuations
     from mia_ray.config import to_dict
-    from mia_ray.pipelines.attack.pools import scorer_key
     from mia_ray.runtime import ray_options
+    from mia_ray.scoring.pools import scorer_key
     from mia_ray.stages import parts_stage
 
     sc, res, b = cfg.attack.samia, cfg.resources, cfg.attack.samia.backend
