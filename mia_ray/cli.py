@@ -15,18 +15,15 @@ new report at its end (atomically), so a run that fails leaves no report of anot
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
-import shutil
 import sys
-import time
 import traceback
 from pathlib import Path
 
 from mia_ray import redact
-from mia_ray.errors import MiaError, describe_failure, find_mia_error
+from mia_ray.errors import describe_failure, find_mia_error
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -135,6 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run_pipeline(args: argparse.Namespace) -> int:
     from mia_ray import registry
+    from mia_ray.api import run_job
     from mia_ray.config import check_inputs_exist, dump_yaml, load_config
 
     spec = registry.get("pipeline", args.pipeline)
@@ -154,87 +152,12 @@ def _run_pipeline(args: argparse.Namespace) -> int:
         return 0
     # before Ray starts (20-45 s) and before --out exists
     check_inputs_exist(getattr(cfg, "input_paths", dict)())
-    out = Path(args.out).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise MiaError(f"--out {args.out} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    with _run_folder_lock(out):
-        return _run_locked(spec, cfg, out)
-
-
-def _run_locked(spec, cfg, out: Path) -> int:
-    """The run itself, while this process holds ``out``."""
-    from mia_ray import storage
-    from mia_ray.config import dump_yaml
-    from mia_ray.reports.io import write_json, write_text
-    from mia_ray.runtime import configure_data_context, connect
-
-    _set_aside_last_report(out)
-    write_text(out / "config.yaml", dump_yaml(cfg, spec.name))
-    res = getattr(cfg, "resources", None)
-    mode = connect(res.address if res else "", res.num_cpus if res else 0, hide_known_noise=True)
-    configure_data_context(res.no_progress_timeout_s if res else 0.0, progress=sys.stderr.isatty())
-    t0 = time.time()
-    ws = storage.open_workspace(out, res.storage if res else "", mode)
-    storage.set_current(ws)
-    try:
-        if spec.resolve is not None:
-            cfg = spec.resolve(cfg)
-            write_text(out / "config.yaml", dump_yaml(cfg, spec.name))
-        report = spec.run(cfg, out)
-    finally:
-        # Whatever finished (or failed half-way) is kept where a new driver finds it.
-        ws.push()
-        storage.set_current(None)
-    if not (out / "report.json").exists():
-        write_json(out / "report.json", report)
+    result = run_job(spec.name, cfg, Path(args.out))
+    page = result.html or result.out / "report.json"
     print(
-        f"mia-ray {spec.name}: done in {time.time() - t0:.0f} s ({mode} Ray); report: {out / 'report.html' if (out / 'report.html').exists() else out / 'report.json'}"
+        f"mia-ray {spec.name}: done in {result.seconds:.0f} s ({result.mode} Ray); report: {page}"
     )
     return 0
-
-
-@contextlib.contextmanager
-def _run_folder_lock(out: Path):
-    """Hold ``out/.mia-ray.lock`` while the run lasts, or refuse: two runs in one folder
-    would mix their config, reports and manifest. An exclusive ``flock`` dies with its
-    process, so a killed run never leaves a stale lock behind."""
-    import fcntl
-
-    from mia_ray.storage import RUN_LOCK
-
-    with open(out / RUN_LOCK, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise MiaError(
-                f"--out {out} is in use by another mia-ray run ({holder}); wait for it to end "
-                "or give another --out"
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        f.flush()
-        yield  # the lock goes with the file's close
-
-
-def _set_aside_last_report(out: Path) -> None:
-    """Move the last run's outputs to ``out/previous/``: its report, its config, its manifest
-    and every other file at the top of ``out`` (score tables and the like), so that a run
-    folder never mixes two runs. Stage folders stay: the stage layer reuses them by key."""
-    (out / "error.log").unlink(missing_ok=True)  # it told of a run that is over
-    old = sorted(p for p in out.iterdir() if p.is_file() and not p.name.startswith("."))
-    if not old:
-        return
-    prev = out / "previous"
-    if prev.exists():
-        shutil.rmtree(prev)
-    prev.mkdir()
-    for path in old:
-        os.replace(path, prev / path.name)
-    print(f"mia-ray: the last run's report is now in {prev}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,6 +150,12 @@ def report_numbers(report, prefix: str = "") -> dict:
 
 
 @pytest.fixture
+def numbers_of():
+    """:func:`report_numbers`, for a test that compares two runs' reports."""
+    return report_numbers
+
+
+@pytest.fixture
 def report_snapshot():
     """``check(report, name)``: the report's numbers are bit-for-bit those in
     ``tests/snapshots/<name>.json`` (``<name>.<cpu kind>.json`` on another CPU family, see

@@ -477,3 +477,27 @@ def test_con_recall_in_the_audit_needs_member_files():
     with pytest.raises(MiaError, match="con_recall needs audit.recall.member_prefix"):
         load_config(AuditJobConfig, None, ["audit.suspected=a", "audit.unseen=b",
                                            "model.name_or_path=m", "audit.attacks=[con_recall]"])  # fmt: skip
+
+
+def test_the_python_api_runs_the_same_audit_with_the_same_numbers(
+    tiny_audit, audit_inputs, tmp_path, numbers_of
+):
+    import mia_ray
+
+    cli_out, cli_report = tiny_audit
+    models = audit_inputs["root"] / "models"
+    flags = [a for a in SETTINGS if a != "--set"]
+    settings = dict(a.split("=", 1) for a in flags)
+    settings["data.labels"] = str(audit_inputs["labels"])
+    r = mia_ray.audit(
+        model=models / "tiny", suspected=audit_inputs["suspected"],
+        unseen=audit_inputs["unseen"], reference=str(models / "tiny-ref"),
+        settings=settings, out=tmp_path / "api",
+    )  # fmt: skip
+    assert numbers_of(r.report) == numbers_of(cli_report)
+    assert r.report == json.loads((tmp_path / "api" / "report.json").read_text())
+    assert r.p_value == cli_report["dataset_test"]["p_value"] and r.verdict.startswith("Evidence")
+    assert r.html == tmp_path / "api" / "report.html" and r.mode == "attached"
+    files = pd.read_parquet(cli_out / "files.parquet")
+    pd.testing.assert_frame_equal(r.files, files)
+    assert len(r.snippets) == len(pd.read_parquet(cli_out / "snippet_scores.parquet"))

@@ -1,0 +1,78 @@
+"""The Python API's contract before any run: cheap to import, the CLI's flags as keyword
+arguments, ``settings`` as ``--set``, and bad input refused with the CLI's one-line errors
+before Ray starts. The runs themselves: tests/pipelines/test_audit.py (the same numbers as
+the CLI) and notebooks/audit.ipynb."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import mia_ray
+from mia_ray.api import build_config
+
+
+def test_importing_mia_ray_and_naming_its_functions_loads_no_heavy_library():
+    code = (
+        "import sys, mia_ray; f = mia_ray.audit, mia_ray.verify, mia_ray.Result; "
+        "print(sorted(m for m in ('torch', 'ray', 'transformers', 'pandas') if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]", res.stderr
+
+
+def test_flags_settings_and_the_yaml_build_the_cli_config(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("audit:\n  permutations: 499\nmodel:\n  batch_size: 3\n")
+    cfg = build_config(
+        "audit",
+        config=job,
+        settings={"audit.permutations": 199, "audit.fdr": 0.1},
+        flags={"model": "m", "suspected": tmp_path / "s", "unseen": "u", "group_by": "source"},
+    )
+    assert (cfg.model.name_or_path, cfg.audit.suspected, cfg.audit.unseen) == (
+        "m",
+        str(tmp_path / "s"),
+        "u",
+    )
+    assert cfg.audit.permutations == 199 and cfg.audit.fdr == 0.1 and cfg.model.batch_size == 3
+    # mark's --in is a Python keyword: in_ names it.
+    assert build_config("mark", flags={"in_": "docs/", "key": "k.json"}).mark.input == "docs/"
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: mia_ray.attack(model="m"), "attack: unknown argument 'model' (its flags: none; use settings)"),
+        (lambda: mia_ray.audit(settings={"audit.permutatons": 9}), "unknown config key 'audit.permutatons'; did you mean 'permutations'?"),
+        (lambda: mia_ray.audit(model="m", suspected="/no/such/files", unseen="/tmp"), "data path not found: /no/such/files (audit.suspected)"),
+        (lambda: mia_ray.run("audits"), "unknown pipeline 'audits'"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_clear_error_before_ray_starts(call, message):
+    with pytest.raises(mia_ray.MiaError) as err:
+        call()
+    assert str(err.value).startswith(message), str(err.value)
+    assert "ray" not in sys.modules or not __import__("ray").is_initialized()
+
+
+def test_the_result_reads_its_run_folder(tmp_path):
+    # A run folder as a pipeline leaves it: the Result's properties read the report's own
+    # fields and its tables, by name.
+    import pandas as pd
+
+    report = {
+        "verdict": {"text": "Evidence that m trained on the suspected files."},
+        "dataset_test": {"p_value": 0.0005},
+    }
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    pd.DataFrame({"file_id": ["a", "b"], "flagged": [True, False]}).to_parquet(
+        tmp_path / "files.parquet"
+    )
+    r = mia_ray.Result("audit", tmp_path, report, 1.0, "local")
+    assert r.verdict.startswith("Evidence") and r.p_value == 0.0005
+    assert list(r.files["file_id"]) == ["a", "b"] and r.snippets is None and r.html is None
+    assert mia_ray.Result("leakage", tmp_path, {"files": [{"x": 1}]}, 1.0, "local").p_value is None
