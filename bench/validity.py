@@ -351,11 +351,20 @@ def render(results: list[dict], power: list[dict], args, timing: dict) -> str:
 KEPT = ("<!-- kept:begin -->", "<!-- token-level:begin -->")
 
 
+# The summary at the top, written by hand from the tables: kept under the title.
+SUMMARY = ("<!-- summary:begin", "<!-- summary:end -->")
+
+
 def _write_keeping_tokens(out: Path, text: str) -> None:
-    """Write ``text`` to ``out``, keeping what follows the first :data:`KEPT` marker there."""
+    """Write ``text`` to ``out``, keeping the hand-written summary (under the title) and what
+    follows the first :data:`KEPT` marker there."""
     old = out.read_text() if out.is_file() else ""
     at = [old.index(m) for m in KEPT if m in old]
     tail = old[min(at) :] if at else ""
+    if SUMMARY[0] in old and SUMMARY[1] in old:
+        summary = old[old.index(SUMMARY[0]) : old.index(SUMMARY[1]) + len(SUMMARY[1])]
+        title, _, body = text.partition("\n\n")
+        text = f"{title}\n\n{summary}\n\n{body}"
     out.write_text(text.rstrip("\n") + "\n\n" + tail if tail else text)
 
 

@@ -154,7 +154,7 @@ class AuditJobConfig(JobConfig):
     audit: AuditConfig = field(default_factory=AuditConfig)
     # Snippets of as many tokens as the models read, half the context left to ReCaLL's
     # prefix (measured on the demo world: held-out AUC 0.88 against 0.84 for 128-word
-    # snippets, which lost their layout and 82 of 312 were cropped; README).
+    # snippets, which lost their layout and 82 of 312 were cropped; docs/audit.md).
     data: DataConfig = field(
         default_factory=lambda: DataConfig(snippet_unit="tokens", snippet_size=0)
     )

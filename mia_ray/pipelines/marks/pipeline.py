@@ -209,7 +209,7 @@ def _verdict(name: str, p: float, n_tested: int, n_flagged: int, v) -> str:
     if p > 0.05:
         text += (
             " No evidence is not proof of no training: a mark must be seen often enough and be "
-            "long enough to be remembered (README: the limits measured)."
+            "long enough to be remembered (docs/marks.md: the limits measured)."
         )
     return text
 
