@@ -479,25 +479,53 @@ def test_con_recall_in_the_audit_needs_member_files():
                                            "model.name_or_path=m", "audit.attacks=[con_recall]"])  # fmt: skip
 
 
+def _api_inputs(audit_inputs) -> tuple[dict, dict]:
+    """The keyword arguments and settings that make the API run :func:`_audit`'s tiny audit."""
+    models = audit_inputs["root"] / "models"
+    flags = {"model": str(models / "tiny"), "suspected": str(audit_inputs["suspected"]),
+             "unseen": str(audit_inputs["unseen"]), "reference": str(models / "tiny-ref")}  # fmt: skip
+    settings = dict(a.split("=", 1) for a in SETTINGS if a != "--set")
+    settings["data.labels"] = str(audit_inputs["labels"])
+    return flags, settings
+
+
 def test_the_python_api_runs_the_same_audit_with_the_same_numbers(
     tiny_audit, audit_inputs, tmp_path, numbers_of
 ):
     import mia_ray
 
     cli_out, cli_report = tiny_audit
-    models = audit_inputs["root"] / "models"
-    flags = [a for a in SETTINGS if a != "--set"]
-    settings = dict(a.split("=", 1) for a in flags)
-    settings["data.labels"] = str(audit_inputs["labels"])
-    r = mia_ray.audit(
-        model=models / "tiny", suspected=audit_inputs["suspected"],
-        unseen=audit_inputs["unseen"], reference=str(models / "tiny-ref"),
-        settings=settings, out=tmp_path / "api",
-    )  # fmt: skip
+    flags, settings = _api_inputs(audit_inputs)
+    r = mia_ray.audit(**flags, settings=settings, out=tmp_path / "api")
     assert numbers_of(r.report) == numbers_of(cli_report)
     assert r.report == json.loads((tmp_path / "api" / "report.json").read_text())
     assert r.p_value == cli_report["dataset_test"]["p_value"] and r.verdict.startswith("Evidence")
-    assert r.html == tmp_path / "api" / "report.html" and r.mode == "attached"
+    assert r.html == tmp_path / "api" / "report.html" and r.mode == "local"  # this session's Ray
     files = pd.read_parquet(cli_out / "files.parquet")
     pd.testing.assert_frame_equal(r.files, files)
     assert len(r.snippets) == len(pd.read_parquet(cli_out / "snippet_scores.parquet"))
+
+
+def test_the_notebook_runs_the_audit_through_the_api_and_draws_it(
+    tiny_audit, audit_inputs, tmp_path, run_notebook, monkeypatch, numbers_of
+):
+    import ray
+
+    cli_out, cli_report = tiny_audit
+    out = tmp_path / "notebook"
+    shutil.copytree(cli_out, out)  # its stages: the notebook's run reuses them by key
+    flags, settings = _api_inputs(audit_inputs)
+    monkeypatch.setenv("MIA_RAY_CONFIG", "")
+    monkeypatch.setenv("MIA_RAY_FLAGS", json.dumps(flags))
+    monkeypatch.setenv("MIA_RAY_SETTINGS", json.dumps(settings))
+    monkeypatch.setenv("MIA_RAY_OUT", str(out))
+    # The kernel attaches to this session's Ray instead of starting its own.
+    monkeypatch.setenv("MIA_RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    _, text = run_notebook("audit.ipynb", out, timeout=600)
+    report = json.loads((out / "report.json").read_text())
+    assert numbers_of(report) == numbers_of(cli_report)
+    assert f"p = {cli_report['dataset_test']['p_value']:.4g}" in text
+    n = cli_report["per_file"]["n_flagged"]
+    assert f"{n} of {len(cli_report['files'])} suspected files flagged at 10% FDR (BH)" in text
+    png = out / "audit_notebook.png"
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000
