@@ -91,10 +91,10 @@ class DataConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        from mia_ray.data.sources import FORMATS
+        from mia_ray.data.formats import names
 
-        if self.format not in FORMATS:
-            raise MiaError(f"data.format must be one of {', '.join(FORMATS)}, not {self.format!r}")
+        if self.format not in names():
+            raise MiaError(f"data.format must be one of {', '.join(names())}, not {self.format!r}")
         if self.unlabelled not in ("error", "skip"):
             raise MiaError(f"data.unlabelled must be error or skip, not {self.unlabelled!r}")
         if self.snippet_unit not in ("words", "tokens"):

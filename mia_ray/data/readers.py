@@ -29,6 +29,7 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
+from mia_ray.data.formats import reader_of
 from mia_ray.data.sources import Source, read_placement, resolve_source
 from mia_ray.errors import MiaError, find_mia_error
 
@@ -39,7 +40,7 @@ DEFAULT_ID_FIELD = "id"  # may be absent (ids are then hashes); any other name m
 
 
 @dataclass(frozen=True)
-class _Fields:
+class Fields:
     """Source field names and which optional ones the source has."""
 
     text: str
@@ -112,7 +113,8 @@ def read_documents(
     # disk alone: read tasks on the driver's node; the rows reach every node through the
     # object store.
     pinned = read_placement(source, log)
-    if fmt == "text":
+    reader = reader_of(fmt)
+    if reader.fields is None:  # one document per file, no fields
         if group_field not in ("", "folder"):
             raise MiaError(
                 f"data.group_field {group_field!r}: a folder of text files has no fields; use "
@@ -132,7 +134,7 @@ def read_documents(
         return _validated(ds, str(path), no_id=False)
     names = (text_field, id_field, label_field, date_field, group_field)
     fields = _fields_of(source, *names, note=note)
-    if fmt in ("jsonl", "warc") or pinned:
+    if reader.native != "parquet" or pinned:
         # Ray Data's read_parquet reads the files' footers in actors of its own, which
         # ray_remote_args does not place: pinned Parquet files are read whole by our tasks.
         spec = _FileSpec(fmt, base, fields)
@@ -174,11 +176,11 @@ def read_shards(
     groups: dict[Any, tuple[list, dict]] = {}
     names: dict[Any, list[str]] = {}
     for name, source in shards:
-        if source.fmt == "text":
+        if reader_of(source.fmt).fields is None:
             empty = [rel for rel, size in source.files if size == 0]
             if empty:
                 raise MiaError(f"document {empty[0]} of shard {name} is empty")
-            fields = _Fields(text_field, "", "", "", True, False, False)
+            fields = Fields(text_field, "", "", "", True, False, False)
         else:
             fields = _fields_of(source, text_field, id_field, "label", "date")
         spec = _FileSpec(source.fmt, source.base, fields, name, sample, ids_only)
@@ -206,7 +208,7 @@ def sample_point(seed: str, shard: str, doc_id: str) -> float:
     return int.from_bytes(digest, "big") / 2.0**64
 
 
-def _parquet_columns(fields: _Fields) -> list[str]:
+def _parquet_columns(fields: Fields) -> list[str]:
     optional = [
         (fields.id, fields.has_id),
         (fields.label, fields.has_label),
@@ -299,7 +301,7 @@ def attach_labels(
 
 def _jsonl_fields(
     source: Source, text: str, id_: str, label: str, date_: str, group: str = ""
-) -> _Fields:
+) -> Fields:
     """Check the first record of every file; optional fields count when the first record has them."""
     first_keys: list[str] | None = None
     for rel in source.rels:
@@ -321,14 +323,14 @@ def _jsonl_fields(
         where = source.path if len(source.rels) > 1 else f"{source.base}/{source.rels[0]}"
         raise MiaError(f"no documents in {where}: the .jsonl files are empty")
     has = [f in first_keys for f in (id_, label, date_)]
-    return _Fields(
+    return Fields(
         text, id_, label, date_, *has, group, has_group=bool(group) and group in first_keys
     )
 
 
 def _parquet_fields(
     source: Source, text: str, id_: str, label: str, date_: str, group: str = ""
-) -> _Fields:
+) -> Fields:
     import pyarrow.parquet as pq
 
     rels, schemas = source.rels, []
@@ -349,23 +351,17 @@ def _parquet_fields(
             if needed and field not in names:
                 raise MiaError(_missing_field(field, rel, names))
     has = [f in first for f in (id_, label, date_)]
-    return _Fields(text, id_, label, date_, *has, group, has_group=bool(group) and group in first)
+    return Fields(text, id_, label, date_, *has, group, has_group=bool(group) and group in first)
 
 
 def _fields_of(
     source: Source, text: str, id_: str, label: str, date_: str, group: str = "", note=None
-) -> _Fields:
-    """The fields a JSON Lines, Parquet or WARC source has (jsonl/parquet: from the first
-    record or schema; checked on the driver, before any task starts)."""
-    if source.fmt == "warc":
-        return _warc_fields(text, id_, label, date_, group)
-    rels = source.rels
-    fields = (_jsonl_fields if source.fmt == "jsonl" else _parquet_fields)(
-        source, text, id_, label, date_, group
-    )
-    first = (
-        f"the first record of {rels[0]}" if source.fmt == "jsonl" else f"the columns of {rels[0]}"
-    )
+) -> Fields:
+    """The fields a source of a format with fields has (its reader's ``fields``: the first
+    record, a schema; checked on the driver, before any task starts)."""
+    reader = reader_of(source.fmt)
+    fields = reader.fields(source, text, id_, label, date_, group)
+    first = f"{reader.where} {source.rels[0]}"
     if group and not fields.has_group:
         raise MiaError(f"group field {group!r} (data.group_field) is not in {first}")
     if not fields.has_id:
@@ -415,7 +411,7 @@ def _read_hub(path: str, subset: str, split: str, names: tuple, note):
     if text not in columns:
         raise MiaError(_missing_field(text, f"{path} split {split}", columns))
     has = [f in columns for f in (id_, label, date_)]
-    fields = _Fields(
+    fields = Fields(
         text, id_, label, date_, *has, group, has_group=bool(group) and group in columns
     )
     if group and not fields.has_group:
@@ -559,7 +555,7 @@ def _first_line(x: Any) -> str:
 # ---------------------------------------------------------------- worker-side
 
 
-class _Rows:
+class Rows:
     """Collects normalized rows (or their problems) and builds one Arrow block."""
 
     def __init__(self, has_label: bool, has_date: bool, has_group: bool = False):
@@ -603,7 +599,7 @@ class _Rows:
 
 
 def _decode_text_files(batch: dict, base: str, group: bool = False):
-    rows = _Rows(False, False, group)
+    rows = Rows(False, False, group)
     for data, path in zip(batch["bytes"], batch["path"], strict=True):
         doc_id = Path(os.path.relpath(str(path), base)).as_posix()
         data = bytes(data)
@@ -624,8 +620,9 @@ def _decode_text_files(batch: dict, base: str, group: bool = False):
     return rows.table()
 
 
-def _add_record(rows: _Rows, fields: _Fields, get, keys, where: str) -> None:
-    """Check one jsonl/parquet record (``get(name)`` reads a field); add it or its problem."""
+def add_record(rows: Rows, fields: Fields, get, keys, where: str) -> None:
+    """Check one record (``get(name)`` reads a field; ``keys``: its fields, for messages; ``where``:
+    where it is, e.g. ``line 3 of a.jsonl``); add it to ``rows`` or its problem."""
     if fields.has_id:
         raw_id = get(fields.id)
         if raw_id is None or raw_id == "":
@@ -710,12 +707,12 @@ def _iter_lines(f):
         yield lineno + 1, rest
 
 
-def jsonl_records(f, name: str, fields: _Fields):
-    """The records of one JSON Lines stream as :class:`_Rows` tables: split on ``\\n`` only
+def jsonl_records(f, name: str, fields: Fields):
+    """The records of one JSON Lines stream as :class:`Rows` tables: split on ``\\n`` only
     (Ray's own ``read_text`` splits with ``str.splitlines``, which also breaks lines at U+2028
     and U+0085, characters that may stand unescaped inside JSON strings), problems named by
     line number."""
-    rows = _Rows(fields.has_label, fields.has_date, fields.has_group)
+    rows = Rows(fields.has_label, fields.has_date, fields.has_group)
     for lineno, raw in _iter_lines(f):
         if not raw.strip():
             continue
@@ -726,10 +723,10 @@ def jsonl_records(f, name: str, fields: _Fields):
         elif fields.text not in rec:
             rows.fail(_missing_field(fields.text, where, rec.keys()))
         else:
-            _add_record(rows, fields, rec.get, rec.keys(), where)
+            add_record(rows, fields, rec.get, rec.keys(), where)
         if len(rows) >= _ROWS_PER_BLOCK:
             yield rows.table()
-            rows = _Rows(fields.has_label, fields.has_date, fields.has_group)
+            rows = Rows(fields.has_label, fields.has_date, fields.has_group)
     if len(rows):
         yield rows.table()
 
@@ -741,41 +738,22 @@ class _FileSpec:
 
     fmt: str
     base: str
-    fields: _Fields
+    fields: Fields
     shard: str = ""
     sample: tuple[float, str] | None = None
     ids_only: bool = False
+    # The format's reader, resolved on the driver: a read task needs no registry of its own.
+    reader: Any = None
+
+    def __post_init__(self) -> None:
+        if self.reader is None:
+            object.__setattr__(self, "reader", reader_of(self.fmt))
 
 
 def _file_rows(f, path: str, spec: _FileSpec):
-    """The rows of one file as :class:`_Rows` tables (see :func:`read_documents`)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    """The rows of one file as :class:`Rows` tables (see :func:`read_documents`)."""
     name = Path(os.path.relpath(path, spec.base)).as_posix() if spec.base else path
-    if spec.fmt == "jsonl":
-        yield from jsonl_records(f, name, spec.fields)
-    elif spec.fmt == "warc":
-        yield from warc_records(f, name, spec.fields)
-    elif spec.fmt == "text":
-        yield _decode_text_files({"bytes": [f.read()], "path": [path]}, spec.base)
-    elif spec.ids_only and spec.fields.has_id:
-        yield from _parquet_ids(pq.ParquetFile(f), name, spec)
-    else:
-        # f is random access (FilesDatasource._open_input_source): only the columns read
-        # and, in a sample, the row groups holding a drawn document are fetched.
-        pf = pq.ParquetFile(f)
-        columns = _parquet_columns(spec.fields)
-        id_field = spec.fields.id if spec.fields.has_id else ""
-        groups = parquet_row_groups(pf, id_field, spec.shard, spec.sample)
-        if not groups:
-            return
-        for batch in pf.iter_batches(
-            batch_size=_ROWS_PER_BLOCK, row_groups=groups, columns=columns
-        ):
-            table = pa.Table.from_batches([batch])
-            table = table.append_column("path", pa.array([path] * len(table), pa.string()))
-            yield _normalize_parquet(table, spec.base, spec.fields)
+    yield from spec.reader.rows(f, name, path, spec)
 
 
 def _whole_file_rows(f, path: str, spec: _FileSpec):
@@ -787,10 +765,8 @@ def _whole_file_rows(f, path: str, spec: _FileSpec):
     except UNREADABLE as e:
         name = Path(os.path.relpath(path, spec.base)).as_posix() if spec.base else path
         shard = f" of shard {spec.shard}" if spec.shard and spec.shard != Path(name).name else ""
-        has = {"warc": (False, True), "text": (False, False)}.get(
-            spec.fmt, (spec.fields.has_label, spec.fields.has_date)
-        )
-        rows = _Rows(*has, spec.fields.has_group and spec.fmt != "text")
+        has = spec.reader.error_columns(spec.fields)
+        rows = Rows(*has, spec.fields.has_group and spec.reader.fields is not None)
         rows.fail(cut_short(f"{name}{shard}", e))
         yield rows.table()
 
@@ -886,8 +862,8 @@ def _files_datasource(specs: dict[str, _FileSpec], filesystem):
 
             def _open_input_source(self, filesystem, path: str, **open_args):
                 # Parquet keeps its footer at the end and its columns apart: random access
-                # reads only what is needed.
-                if self._specs[path.split("://", 1)[-1]].fmt == "parquet":
+                # reads only what is needed (a reader's ``random_access``).
+                if self._specs[path.split("://", 1)[-1]].reader.random_access:
                     return filesystem.open_input_file(path)
                 return super()._open_input_source(filesystem, path, **open_args)
 
@@ -903,7 +879,7 @@ def _files_datasource(specs: dict[str, _FileSpec], filesystem):
 WARC_FIELDS = {"id": "WARC-Record-ID", "url": "WARC-Target-URI"}
 
 
-def _warc_fields(text: str, id_: str, label: str, date_: str, group: str) -> _Fields:
+def _warc_fields(text: str, id_: str, label: str, date_: str, group: str) -> Fields:
     """A WARC record's fields: its text is the record's content, ``id`` its WARC-Record-ID
     (or ``url``: its WARC-Target-URI), ``date`` its WARC-Date; ``group_field="host"`` groups
     the pages of one site. There are no labels."""
@@ -916,7 +892,7 @@ def _warc_fields(text: str, id_: str, label: str, date_: str, group: str) -> _Fi
         raise MiaError(
             f'data.group_field {group!r}: WARC records can be grouped by "host" (one site) only'
         )
-    return _Fields(text, WARC_FIELDS[id_], label, date_, True, False, True, group, bool(group))
+    return Fields(text, WARC_FIELDS[id_], label, date_, True, False, True, group, bool(group))
 
 
 class _Counted:
@@ -938,15 +914,15 @@ class _Counted:
         return True
 
 
-def warc_records(f, name: str, fields: _Fields):
-    """The ``conversion`` records of one WARC/WET stream as :class:`_Rows` tables. Content is
+def warc_records(f, name: str, fields: Fields):
+    """The ``conversion`` records of one WARC/WET stream as :class:`Rows` tables. Content is
     UTF-8 (bad bytes replaced: web text is not clean); records without text are skipped, as
     a WET file has many (pages without text)."""
     from urllib.parse import urlsplit
 
     from fastwarc import ArchiveIterator, WarcRecordType
 
-    rows = _Rows(False, True, fields.has_group)
+    rows = Rows(False, True, fields.has_group)
     records = ArchiveIterator(_Counted(f), record_types=WarcRecordType.conversion, parse_http=False)
     for n, record in enumerate(records, 1):
         text = record.reader.read().decode("utf-8", errors="replace")
@@ -964,18 +940,18 @@ def warc_records(f, name: str, fields: _Fields):
         rows.add(doc_id.strip("<>"), text, None, record.headers.get("WARC-Date"), group)
         if len(rows) >= _ROWS_PER_BLOCK:
             yield rows.table()
-            rows = _Rows(False, True, fields.has_group)
+            rows = Rows(False, True, fields.has_group)
     if len(rows):
         yield rows.table()
 
 
-def _normalize_parquet(table, base: str, fields: _Fields):
-    rows = _Rows(fields.has_label, fields.has_date, fields.has_group)
+def _normalize_parquet(table, base: str, fields: Fields):
+    rows = Rows(fields.has_label, fields.has_date, fields.has_group)
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
     keys = [name for name in table.column_names if name != "path"]
     for i, path in enumerate(cols["path"]):
         where = f"a row of {Path(os.path.relpath(str(path), base)).as_posix()}"
-        _add_record(rows, fields, lambda name, i=i: cols[name][i], keys, where)
+        add_record(rows, fields, lambda name, i=i: cols[name][i], keys, where)
     return rows.table()
 
 
@@ -986,3 +962,85 @@ def _set_labels(table, labels: dict[str, int]):
     if "label" in table.column_names:
         return table.set_column(table.column_names.index("label"), "label", values)
     return table.append_column("label", values)
+
+
+# ---------------------------------------------------------------- the formats' readers
+
+
+def _has_fields(fields: Fields) -> tuple[bool, bool]:
+    return fields.has_label, fields.has_date
+
+
+@dataclass(frozen=True)
+class FormatReader:
+    """How one format is read (:mod:`mia_ray.data.formats` names it).
+
+    - ``fields(source, text, id_, label, date_, group) -> Fields``: the fields a source of it
+      has, checked on the driver before any task; None: a file is one document, no fields;
+    - ``rows(f, name, path, spec)``: one file's rows as :class:`Rows` tables, in a read task;
+    - ``where``: where ``fields`` looks, as a message says it ("the columns of" a file);
+    - ``error_columns(fields)``: (has_label, has_date) of the table that reports a file's
+      problem (its rows must have the columns of the file's other tables);
+    - ``random_access``: a file is opened for random access (a footer, columns apart);
+    - ``native``: Ray Data's own reader of the format, used when every node reads the files.
+    """
+
+    fields: Callable | None
+    rows: Callable
+    where: str = "the first record of"
+    error_columns: Callable = _has_fields
+    random_access: bool = False
+    native: str = ""
+
+
+def _text_rows(f, name: str, path: str, spec: _FileSpec):
+    yield _decode_text_files({"bytes": [f.read()], "path": [path]}, spec.base)
+
+
+def _jsonl_rows(f, name: str, path: str, spec: _FileSpec):
+    yield from jsonl_records(f, name, spec.fields)
+
+
+def _warc_rows(f, name: str, path: str, spec: _FileSpec):
+    yield from warc_records(f, name, spec.fields)
+
+
+def _warc_source_fields(source: Source, text: str, id_: str, label: str, date_: str,
+                        group: str = "") -> Fields:  # fmt: skip
+    return _warc_fields(text, id_, label, date_, group)
+
+
+def _parquet_rows(f, name: str, path: str, spec: _FileSpec):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if spec.ids_only and spec.fields.has_id:
+        yield from _parquet_ids(pq.ParquetFile(f), name, spec)
+        return
+    # f is random access (FilesDatasource._open_input_source): only the columns read
+    # and, in a sample, the row groups holding a drawn document are fetched.
+    pf = pq.ParquetFile(f)
+    columns = _parquet_columns(spec.fields)
+    id_field = spec.fields.id if spec.fields.has_id else ""
+    groups = parquet_row_groups(pf, id_field, spec.shard, spec.sample)
+    if not groups:
+        return
+    for batch in pf.iter_batches(batch_size=_ROWS_PER_BLOCK, row_groups=groups, columns=columns):
+        table = pa.Table.from_batches([batch])
+        table = table.append_column("path", pa.array([path] * len(table), pa.string()))
+        yield _normalize_parquet(table, spec.base, spec.fields)
+
+
+def _no_label_date(fields: Fields) -> tuple[bool, bool]:
+    return False, False
+
+
+def _date_only(fields: Fields) -> tuple[bool, bool]:
+    return False, True
+
+
+TEXT_FILES = FormatReader(None, _text_rows, error_columns=_no_label_date)
+JSON_LINES = FormatReader(_jsonl_fields, _jsonl_rows)
+PARQUET = FormatReader(_parquet_fields, _parquet_rows, where="the columns of",
+                       random_access=True, native="parquet")  # fmt: skip
+WARC = FormatReader(_warc_source_fields, _warc_rows, error_columns=_date_only)

@@ -17,13 +17,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from mia_ray.data import formats
 from mia_ray.errors import MiaError
 from mia_ray.keys import listing_sha256, tree_sha256, visible_files
 
-FORMATS = ("auto", "text", "jsonl", "parquet", "warc")
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".lz4": "lz4"}
-_SUFFIX_FORMAT = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
-                  ".parquet": "parquet", ".txt": "text", ".warc": "warc", ".wet": "warc"}  # fmt: skip
 _GLOB = set("*?[")
 
 
@@ -37,7 +35,7 @@ def format_of(name: str) -> str:
     p = Path(name)
     if p.suffix.lower() in COMPRESSION:
         p = Path(p.stem)
-    return _SUFFIX_FORMAT.get(p.suffix.lower(), "")
+    return formats.by_suffix(p.suffix)
 
 
 def is_marker(rel: str) -> bool:
@@ -103,8 +101,8 @@ def resolve_source(path: str | os.PathLike, format: str = "auto") -> Source:
 
     Raises ``MiaError`` for a missing path or bucket, storage that refuses the credentials,
     an empty folder or glob, a format it cannot tell, and a folder that mixes formats."""
-    if format not in FORMATS:
-        raise MiaError(f"data format must be one of {', '.join(FORMATS)}, not {format!r}")
+    if format not in formats.names():
+        raise MiaError(f"data format must be one of {', '.join(formats.names())}, not {format!r}")
     from mia_ray.storage import is_uri
 
     text = str(path)
@@ -121,7 +119,7 @@ def shard_sources(paths: list[str]) -> list[tuple[str, Source]]:
     for path in paths:
         if _GLOB & set(str(path).split("?", 1)[0]):
             # Each file a shard of its own format: a glob may match .jsonl.zst and WET files.
-            listing = resolve_source(path, "text")
+            listing = resolve_source(path, formats.TEXT)
             for rel in listing.rels:
                 if is_marker(rel):
                     continue
@@ -129,8 +127,8 @@ def shard_sources(paths: list[str]) -> list[tuple[str, Source]]:
                 if not fmt:
                     raise MiaError(
                         f"cannot tell the format of {rel} (matched by {listing.path}) from its "
-                        "suffix: narrow the glob to .jsonl, .json, .parquet, .txt, .warc or "
-                        ".wet files (optionally .gz or .zst)"
+                        f"suffix: narrow the glob to {formats.suffix_list()} files (optionally "
+                        ".gz or .zst)"
                     )
                 out.append((Path(rel).name, replace(listing.one(rel), fmt=fmt)))
         else:
@@ -266,21 +264,21 @@ def _choose(
             if not fmt:
                 raise MiaError(
                     f"cannot tell the format of {text} from its suffix: give a folder of text "
-                    "files, a .txt, .jsonl, .json, .parquet, .warc or .wet file (optionally "
-                    ".gz or .zst), or set data.format"
+                    f"files, a {formats.suffix_list()} file (optionally .gz or .zst), or set "
+                    "data.format"
                 )
         return Source(text, fmt, base, tuple(files), filesystem, remote)
-    if format == "text":
-        return Source(text, "text", base, tuple(files), filesystem, remote)
+    if format == formats.TEXT:
+        return Source(text, formats.TEXT, base, tuple(files), filesystem, remote)
     data = [(rel, size) for rel, size in files if not is_marker(rel)]
     if format != "auto":
         chosen = [(rel, size) for rel, size in data if format_of(rel) == format]
         if not chosen:
             raise MiaError(f"data directory {text} has no {format} files")
         return Source(text, format, base, tuple(chosen), filesystem, remote)
-    kinds = {format_of(rel) for rel, _ in data} - {"text", ""}
+    kinds = {format_of(rel) for rel, _ in data} - {formats.TEXT, ""}
     if not kinds:
-        return Source(text, "text", base, tuple(files), filesystem, remote)
+        return Source(text, formats.TEXT, base, tuple(files), filesystem, remote)
     fmt = sorted(kinds)[0]
     others = [rel for rel, _ in data if format_of(rel) != fmt]
     if others:
