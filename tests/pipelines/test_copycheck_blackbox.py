@@ -56,8 +56,10 @@ def test_ten_prompts_per_snippet_give_p1_from_the_two_answers(run, test_world):
     assert table["p_blackbox"].map(len).eq(10).all()
     # Snippets were cropped so that every prompt fits the test tiny's 128 positions (the
     # server, like a real API, refuses a longer one); the text as prompted is kept.
-    files = sorted((out / "samples" / "blackbox").glob("*.parquet"))
-    assert len(files) == len(N_UNSEEN)  # one per experiment: its suspected snippets
+    files = sorted((out / "samples" / "blackbox").glob("*/frame.parquet"))
+    assert len(files) == len(N_UNSEEN)  # one stage per experiment: its suspected snippets
+    assert all(json.loads((f.parent / ".complete.json").read_text())["key"] == f.parent.name
+               for f in files)  # fmt: skip
     asked = pd.concat(pd.read_parquet(f) for f in files).drop_duplicates("snippet_id")
     asked = asked.set_index("snippet_id")
     snippets = pd.read_parquet(out / "snippets.parquet").set_index("snippet_id")

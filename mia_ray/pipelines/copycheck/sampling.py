@@ -162,13 +162,9 @@ def fit_prompts(texts: list[str], model: str) -> list[str]:
 
 def blackbox_rows(cfg: CopyCheckJobConfig, sus: pd.DataFrame, out: Path) -> pd.DataFrame:
     """p("1") under each of the 10 prompts of §V-E for every snippet, through the backend in
-    one actor; cached per snippet set, so experiments sharing snippets ask once."""
-    import ray
-
-    from mia_ray import storage
-    from mia_ray.actors.backend import BackendActor
-    from mia_ray.models.prompt import BLACKBOX_PROMPTS, blackbox_p1
-    from mia_ray.reports.io import write_parquet
+    one actor; a stage per snippet set, so experiments sharing snippets ask once."""
+    from mia_ray.models.prompt import BLACKBOX_PROMPTS
+    from mia_ray.stages import frame_stage
 
     spec = blackbox_spec(cfg, out)
     if spec["kind"] == "local" or cfg.backend.serve:
@@ -179,9 +175,22 @@ def blackbox_rows(cfg: CopyCheckJobConfig, sus: pd.DataFrame, out: Path) -> pd.D
         if k not in ("cache_dir", "base_url" if cfg.backend.serve else "")
     }
     fp = fingerprint(text_key(sus), same, BLACKBOX_PROMPTS)
-    f = out / "samples" / "blackbox" / f"{fp}.parquet"
-    if f.is_file():
-        return pd.read_parquet(f).drop(columns="text")
+    # One stage per snippet set (its key in its name too), so experiments that share
+    # snippets ask once and others keep theirs; the text as prompted (maybe cropped) is
+    # kept beside its answers.
+    got = frame_stage(out, f"samples/blackbox/{fp}", fp, lambda: _ask_blackbox(cfg, spec, sus))
+    return got.drop(columns="text")
+
+
+def _ask_blackbox(cfg: CopyCheckJobConfig, spec: dict, sus: pd.DataFrame) -> pd.DataFrame:
+    """Every snippet of ``sus`` under the 10 prompts through one backend actor: snippet_id,
+    text (as prompted) and p_blackbox (a list of 10)."""
+    import ray
+
+    from mia_ray import storage
+    from mia_ray.actors.backend import BackendActor
+    from mia_ray.models.prompt import BLACKBOX_PROMPTS, blackbox_p1
+
     where = spec["base_url"] or "a local model"
     log(
         f"blackbox: {len(sus)} snippets x {len(BLACKBOX_PROMPTS)} prompts via {spec['kind']} ({where})"
@@ -210,13 +219,9 @@ def blackbox_rows(cfg: CopyCheckJobConfig, sus: pd.DataFrame, out: Path) -> pd.D
         ray.kill(actor)
     tot = np.array([sum(lp) for lp in lps]).reshape(len(sus), len(BLACKBOX_PROMPTS), 2)
     p = [[blackbox_p1(a, b) for a, b in row] for row in tot]
-    # The text as prompted (maybe cropped) is kept beside its answers.
-    got = sus[["snippet_id", "text"]].assign(p_blackbox=p).reset_index(drop=True)
-    write_parquet(f, got)
-    got = got.drop(columns="text")
     if spec["kind"] == "openai":
         log(f"blackbox: {sent['requests_sent']} HTTP requests, {sent['cache_hits']} from the cache")
-    return got
+    return sus[["snippet_id", "text"]].assign(p_blackbox=p).reset_index(drop=True)
 
 
 def serve_backend(cfg: CopyCheckJobConfig):
