@@ -30,8 +30,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _audit_before as B  # noqa: E402
 
-from mia_ray.validity import worlds as V  # noqa: E402
 from mia_ray.stats.audit import benjamini_hochberg  # noqa: E402
+from mia_ray.validity import worlds as V  # noqa: E402
 
 SCHEMES = ("cross", "split")
 # Power: (scenario, shift, member files). `matched` at two shifts; `wide` (200 unseen files)
