@@ -260,6 +260,26 @@ def commit(store: storage.Storage, rel: str, key: str, kind: str, meta: dict | N
     return info
 
 
+def done_at(path: Path, key: str) -> dict | None:
+    """On any node: the marker of the stage folder ``path`` (on this node's disk) when it
+    holds ``key``; the local twin of :func:`done`."""
+    got = marker(Path(path))
+    return got if holds(got, key) else None
+
+
+def commit_at(path: Path, info: dict) -> dict:
+    """On any node, after writing a stage folder ``path`` on this node's disk: its marker
+    ``info`` (a :func:`record`), last and atomically; the local twin of :func:`commit`."""
+    write_json(Path(path) / MARKER, info)
+    return info
+
+
+def commit_record(store: storage.Storage, rel: str, info: dict) -> dict:
+    """:func:`commit` of a marker built already (a :func:`record` with the stage's own name)."""
+    store.write_json(f"{rel}/{MARKER}" if rel else MARKER, info)
+    return info
+
+
 def parts_stage(
     out: Path,
     name: str,

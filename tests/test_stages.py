@@ -103,6 +103,24 @@ def test_remote_folder_stage_commits_in_storage_and_is_pulled(tmp_path):
         storage.set_current(None)
 
 
+def test_a_stage_committed_by_hand_on_a_node_is_found_by_its_key_only(tmp_path):
+    # What train/ does for a CopyCheck member: on the node's disk and in storage alike.
+    info = stages.record("member-0", "k1", "folder", {"final_loss": 0.5})
+    assert stages.done_at(tmp_path / "m", "k1") is None
+    assert stages.commit_at(tmp_path / "m", info) == info
+    assert (
+        stages.done_at(tmp_path / "m", "k1") == info
+        and stages.done_at(tmp_path / "m", "k2") is None
+    )
+    half = {**info, "complete": False}
+    stages.commit_at(tmp_path / "h", half)
+    assert stages.done_at(tmp_path / "h", "k1") is None  # written, but not a finished stage
+    store = storage.open_storage(f"mock:///bucket-{uuid.uuid4().hex[:8]}/member")
+    assert stages.done(store, "", "k1") is None
+    stages.commit_record(store, "", info)
+    assert stages.done(store, "", "k1") == info and stages.done(store, "", "k2") is None
+
+
 def test_a_push_cut_short_never_leaves_a_marker_without_its_files(tmp_path, monkeypatch):
     """A node lost while it pushes a stage (the cluster's MemHunter cell): storage holds a
     marker only once every file of its folder is there, so a new driver computes the stage

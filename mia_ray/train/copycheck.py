@@ -15,7 +15,6 @@ No Ray here: :func:`mia_ray.train.launch.train_members` runs members as Ray Tune
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -25,10 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from mia_ray.errors import MiaError
-from mia_ray.stages import MARKER, holds
+from mia_ray.stages import commit_at, done_at
 from mia_ray.stages import record as stage_record
-
-DONE = MARKER  # the member folder is a stage: its marker holds the key (fingerprint)
 
 
 def member_seed(name: str, seed: int) -> int:
@@ -190,12 +187,10 @@ def train_member(
     from mia_ray.models.prompt import PromptEncoder
 
     out = Path(out_dir)
-    done = out / DONE
-    if done.exists():
-        record = json.loads(done.read_text())
-        if holds(record, fingerprint):
-            record["skipped"] = True
-            return record
+    record = done_at(out, fingerprint)  # the member folder is a stage keyed by ``fingerprint``
+    if record is not None:
+        record["skipped"] = True
+        return record
     if not texts or len(set(labels)) < 2:
         raise MiaError(f"member {name}: fine-tuning needs snippets with both pseudo-labels 0 and 1")
     set_torch_threads(threads)
@@ -301,7 +296,4 @@ def train_member(
         file=sys.stderr,
         flush=True,
     )
-    tmp_done = out / (DONE + ".tmp")
-    tmp_done.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    tmp_done.replace(done)
-    return record
+    return commit_at(out, record)

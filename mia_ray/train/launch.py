@@ -1,7 +1,7 @@
 """Run CopyCheck's fine-tunings as Ray Tune trials: concurrent as resources allow, resumable.
 
 Every member (MC dropout, BLoB, each ensemble member, for every experiment) is one trial of
-one Tune run. A member that finished before (its ``done.json`` carries the same
+one Tune run. A member that finished before (its stage marker carries the same
 fingerprint) is not launched again, so rerunning the command retrains nothing. With
 ``train_workers > 1`` a trial trains its member with Ray Train's ``TorchTrainer`` (HF Trainer
 prepared for data parallelism; DeepSpeed ZeRO comes from the member's config).
@@ -22,26 +22,22 @@ from pathlib import Path
 from typing import Any
 
 from mia_ray.errors import MiaError
-from mia_ray.stages import holds
-from mia_ray.train.copycheck import DONE, train_member
+from mia_ray.stages import commit_record, done, done_at, holds, marker
+from mia_ray.train.copycheck import train_member
 
 
 def _done_record(job: dict[str, Any]) -> dict[str, Any] | None:
-    """The member's ``done.json`` (through storage when the job has ``out_url``), or None."""
+    """The member's stage marker when it holds the job's key (through storage when the job
+    has ``out_url``), or None."""
     if job.get("out_url"):
         from mia_ray.storage import open_storage
 
-        try:
-            return open_storage(job["out_url"]).read_json(DONE)
-        except (OSError, ValueError):  # not there (pyarrow: FileNotFoundError), or half a file
-            return None
-    done = Path(job["out_dir"]) / DONE
-    return json.loads(done.read_text()) if done.exists() else None
+        return done(open_storage(job["out_url"]), "", job["fingerprint"])
+    return done_at(Path(job["out_dir"]), job["fingerprint"])
 
 
 def finished(job: dict[str, Any]) -> bool:
-    record = _done_record(job)
-    return holds(record, job["fingerprint"])
+    return _done_record(job) is not None
 
 
 def _spec(job: dict[str, Any]):
@@ -82,7 +78,7 @@ def run_job(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train ``job``'s member; return its done record. A job with storage URLs trains in a
-    node-local temp folder and commits the adapter, then ``done.json``, to storage; the
+    node-local temp folder and commits the adapter, then its stage marker, to storage; the
     record also tells where it trained (``node_id``, ``extra``) and every node where this
     member's training started (``attempts``: more than one when a trial was retried)."""
     texts, labels = _texts(job)
@@ -112,7 +108,7 @@ def run_job(
     store = open_storage(job["out_url"])
     if world_size == 1:  # (several workers: the trial checked before it started them)
         record = _done_record(job)
-        if holds(record, job["fingerprint"]):
+        if record is not None:
             return {**record, "skipped": True}  # a retried trial whose member was committed
     attempts: list[dict[str, Any]] = []
     if save:
@@ -135,7 +131,7 @@ def run_job(
         record["adapter_sha256"] = store.put_dir(
             local / "adapter", "adapter", {"member": job["member"]}
         )
-        store.write_json(DONE, record)  # the commit point: written after the whole adapter
+        commit_record(store, "", record)  # the commit point: written after the whole adapter
     return record
 
 
@@ -238,8 +234,7 @@ def _pull_members(ws, jobs: list[dict[str, Any]], records: list[dict[str, Any]])
         return
     for job, record in zip(jobs, records, strict=True):
         out_dir = Path(job["out_dir"])
-        done = out_dir / DONE
-        if out_dir.exists() and (not done.exists() or json.loads(done.read_text()) != record):
+        if out_dir.exists() and marker(out_dir) != record:
             shutil.rmtree(out_dir)
         ws.pull(out_dir)
 
@@ -255,7 +250,7 @@ def train_members(
     log=print,
     res_cfg=None,
 ) -> list[dict[str, Any]]:
-    """Train every unfinished job as a Tune trial; return every job's ``done.json`` record.
+    """Train every unfinished job as a Tune trial; return every job's stage marker.
 
     ``jobs``: dicts with member, base, train_file (parquet of snippet_id, text, label),
     out_dir, spec (FinetuneConfig as a dict), device, dtype, fingerprint; the paths are the

@@ -25,7 +25,7 @@ def member_names(cfg: CopyCheckJobConfig) -> list[str]:
 def finetune_jobs(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFrame, out: Path):
     """Write each experiment's training snippets; return one job per (experiment, member).
 
-    A job's fingerprint (its done.json's key) covers what decides the adapter: the training
+    A job's fingerprint (its stage marker's key) covers what decides the adapter: the training
     snippets and pseudo-labels, the member and its seed, the recipe, the base model by
     content with its dtype and device, and the data-parallel worker count (steps, BLoB's pi)."""
     from dataclasses import asdict
