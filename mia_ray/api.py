@@ -164,7 +164,7 @@ def run_job(pipeline: str, cfg: Any, out: str | os.PathLike) -> Result:
 
 def _run_locked(spec, cfg, out: Path) -> Result:
     from mia_ray import storage
-    from mia_ray.config import dump_yaml
+    from mia_ray.config import check_inputs_exist, dump_yaml
     from mia_ray.reports.io import write_json, write_text
     from mia_ray.runtime import configure_data_context, connect
 
@@ -177,9 +177,14 @@ def _run_locked(spec, cfg, out: Path) -> Result:
     ws = storage.open_workspace(out, res.storage if res else "", mode)
     storage.set_current(ws)
     try:
+        # Resolved once, here: the demo world fills in its paths; then the job's checks run
+        # on the config as it will run, and the pipeline never resolves again.
         if spec.resolve is not None:
             cfg = spec.resolve(cfg)
             write_text(out / "config.yaml", dump_yaml(cfg, spec.name))
+        if hasattr(cfg, "check_complete"):
+            cfg.check_complete()
+            check_inputs_exist(cfg.input_paths())
         report = spec.run(cfg, out)
     finally:
         # Whatever finished (or failed half-way) is kept where a new driver finds it.

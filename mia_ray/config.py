@@ -33,9 +33,21 @@ class JobConfig:
             if hasattr(section, "validate"):
                 section.validate()
         self.check()
+        if not self.world_pending():
+            self.check_complete()
 
     def check(self) -> None:
-        """Checks across sections (none by default)."""
+        """Checks across sections (none by default) that hold whatever the world fills in."""
+
+    def check_complete(self) -> None:
+        """What the job must be given (paths, models; nothing by default), on the config as
+        it will run: with the demo world still to fill it in (:meth:`world_pending`), the run
+        checks it once the world has (``api.run_job``), so no check knows about the world."""
+
+    def world_pending(self) -> bool:
+        """Whether the demo world has yet to fill this config in (``world.target`` set)."""
+        world = getattr(self, "world", None)
+        return bool(world is not None and world.target)
 
     def input_paths(self) -> dict[str, str]:
         """The inputs the job reads, by config key (``data.path`` and ``data.labels`` by
@@ -240,6 +252,9 @@ class WorldConfig:
     scale: str = "demo"  # demo | test
     target: str = ""  # tiny | tiny-random | smollm2 ; empty = no demo world
     seed: int = 0
+    # Set by resolution, which fills the config's paths from the world once and empties
+    # ``target``: the target they came from (a record; nothing reads it to decide).
+    resolved: str = ""
 
     def resolved_root(self) -> Path:
         if self.root:

@@ -80,3 +80,23 @@ def test_the_result_reads_its_run_folder(tmp_path):
     assert r.verdict.startswith("Evidence") and r.p_value == 0.0005
     assert list(r.files["file_id"]) == ["a", "b"] and r.snippets is None and r.html is None
     assert mia_ray.Result("leakage", tmp_path, {"files": [{"x": 1}]}, 1.0, "local").p_value is None
+
+
+def test_a_config_is_resolved_once_and_its_checks_never_see_the_world(test_world):
+    # What api.run_job does before the pipeline runs: the world fills the config in once.
+    from mia_ray import registry
+    from mia_ray.config import load_config
+
+    spec = registry.get("pipeline", "attack")
+    world = [f"world.root={test_world['root']}", "world.scale=test", "world.target=tiny"]
+    cfg = load_config(spec.config_cls, None, world)  # loads: what it must be given waits
+    assert cfg.world_pending() and cfg.data.path == ""
+    ready = spec.resolve(cfg)
+    assert (ready.world.target, ready.world.resolved) == ("", "tiny") and not ready.world_pending()
+    assert ready.data.path == str(test_world["documents"])
+    assert ready.model.name_or_path == str(test_world["targets"]["tiny"]["model"])
+    ready.check_complete()  # on the config as it will run
+    assert spec.resolve(ready) is ready  # resolving again changes nothing
+    # Without a world, what it must be given is checked when it loads.
+    with pytest.raises(mia_ray.MiaError, match=r"^data.path is empty: give the documents"):
+        load_config(spec.config_cls, None, [])

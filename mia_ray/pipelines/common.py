@@ -13,25 +13,38 @@ from mia_ray.log import log, note
 __all__ = ["fingerprint", "log", "note"]  # the pipelines' wiring imports them from here
 
 
+def resolved(cfg):
+    """``cfg`` (a copy, filled in from the world) marked resolved: ``world.target`` moves to
+    ``world.resolved``, so that resolving it again changes nothing and no check or step
+    after resolution sees a world to fill in."""
+    cfg.world.resolved, cfg.world.target = cfg.world.target, ""
+    return cfg
+
+
 def resolve_world(cfg):
     """With ``world.target`` set, build the demo world if missing; return a copy of ``cfg``
-    whose data and model point at it (``cfg`` itself unchanged; a resolved config resolves
-    to itself)."""
+    whose data and model point at it, marked :func:`resolved` (``cfg`` itself unchanged; a
+    resolved config resolves to itself)."""
     if not cfg.world.target:
         return cfg
     import copy
 
     cfg = copy.deepcopy(cfg)
-    info = world_paths(cfg)
-    cfg.data.path = cfg.data.path or str(info["documents"])
+    fill_from_world(cfg, world_paths(cfg))
+    return resolved(cfg)
+
+
+def fill_from_world(cfg, paths: dict[str, Any]) -> None:
+    """Point ``cfg``'s data and model at one world target's ``paths`` (documents, manifest,
+    model, reference), keeping what the config sets itself."""
+    cfg.data.path = cfg.data.path or str(paths["documents"])
     if not cfg.data.labels:
         # A target's manifest is its evaluated set: smollm2's is a sample of the corpus.
-        cfg.data.labels = str(info["manifest"])
+        cfg.data.labels = str(paths["manifest"])
         cfg.data.unlabelled = "skip"
-    cfg.model.name_or_path = cfg.model.name_or_path or str(info["model"])
-    if info.get("reference"):
-        cfg.model.reference = cfg.model.reference or str(info["reference"])
-    return cfg
+    cfg.model.name_or_path = cfg.model.name_or_path or str(paths["model"])
+    if paths.get("reference"):
+        cfg.model.reference = cfg.model.reference or str(paths["reference"])
 
 
 def world_paths(cfg) -> dict[str, Any] | None:
@@ -46,8 +59,9 @@ def world_paths(cfg) -> dict[str, Any] | None:
 
 
 def world_copy(cfg, need: str, what: str):
-    """With ``world.target`` set: (a copy of ``cfg`` to fill in, the world's paths), refusing a
-    world whose ``need`` is empty (``what`` it lacks); else (``cfg``, None)."""
+    """With ``world.target`` set: (a copy of ``cfg`` to fill in, marked :func:`resolved`, the
+    world's paths), refusing a world whose ``need`` is empty (``what`` it lacks); else
+    (``cfg``, None)."""
     info = world_paths(cfg)
     if info is None:
         return cfg, None
@@ -55,7 +69,7 @@ def world_copy(cfg, need: str, what: str):
         raise MiaError(f"the {cfg.world.scale} demo world has no {what}: use world.scale demo")
     import copy
 
-    return copy.deepcopy(cfg), info
+    return resolved(copy.deepcopy(cfg)), info
 
 
 def fit_snippets_to_window(cfg, attacks=()):

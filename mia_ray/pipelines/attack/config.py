@@ -38,14 +38,15 @@ class AttackJobConfig(JobConfig):
 
     def check(self) -> None:
         self.eval.check_classes(self.data)
-        if not self.world.target:
-            if not self.data.path:
-                raise MiaError("data.path is empty: give the documents to audit (or world.target)")
-            if not self.model.name_or_path:
-                raise MiaError("model.name_or_path is empty: give a hub name or a local folder")
-        if "ref" in self.attack.attacks and not (self.model.reference or self.world.target):
+
+    def check_complete(self) -> None:
+        if not self.data.path:
+            raise MiaError("data.path is empty: give the documents to audit (or world.target)")
+        if not self.model.name_or_path:
+            raise MiaError("model.name_or_path is empty: give a hub name or a local folder")
+        if "ref" in self.attack.attacks and not self.model.reference:
             raise MiaError("attack 'ref' needs model.reference (a reference model), or drop it")
-        if "dc_pdd" in self.attack.attacks and not (self.attack.dc_pdd.corpus or self.world.target):
+        if "dc_pdd" in self.attack.attacks and not self.attack.dc_pdd.corpus:
             raise MiaError(
                 "attack 'dc_pdd' needs attack.dc_pdd.corpus (documents to count token "
                 "frequencies in, of the kind the model was trained on), or drop it"

@@ -23,8 +23,9 @@ from mia_ray.scoring.config import Scoring
 def resolve(cfg: AttackJobConfig) -> AttackJobConfig:
     """The demo world's paths filled in; DC-PDD counts tokens in the world's reference pool
     (the reference model's documents, never evaluated) unless told otherwise."""
+    from_world = bool(cfg.world.target)
     cfg = resolve_world(cfg)
-    if cfg.world.target and not cfg.attack.dc_pdd.corpus:
+    if from_world and not cfg.attack.dc_pdd.corpus:
         pool = Path(cfg.world.resolved_root()) / "corpus" / "reference_pool.jsonl"
         cfg.attack.dc_pdd.corpus = str(pool)
     return fit_snippets_to_window(cfg, cfg.attack.attacks)
@@ -41,7 +42,6 @@ def run(cfg: AttackJobConfig, out: Path) -> dict:
     from mia_ray.reports.html import render_attack_report
     from mia_ray.reports.io import write_json, write_parquet
 
-    cfg = resolve(cfg)
     check_target_early(cfg.model, cfg.attack)
     if "ref" in cfg.attack.attacks:
         check_model_early(cfg.model.reference, "model.reference")

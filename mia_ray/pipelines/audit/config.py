@@ -174,25 +174,22 @@ class AuditJobConfig(JobConfig):
         }
 
     def check(self) -> None:
-        if "dc_pdd" in self.audit.attacks and not (self.audit.dc_pdd.corpus or self.world.target):
-            raise MiaError(
-                "audit.attacks: dc_pdd needs audit.dc_pdd.corpus (documents to count token "
-                "frequencies in, of the kind the model was trained on)"
-            )
         if self.data.path:
             raise MiaError(
                 "data.path is not read by audit: give --suspected and --unseen "
                 "(audit.suspected, audit.unseen)"
             )
-        if not self.world.target:
-            if not (self.audit.suspected and self.audit.unseen):
-                raise MiaError(
-                    "audit needs --suspected (the files you think the model trained on) and "
-                    "--unseen (files of the same kind it surely never saw)"
-                )
-            if not self.model.name_or_path:
-                raise MiaError("audit needs --model: a hub name or a local folder")
-        elif self.world.target not in ("tiny", "tiny-random"):
+
+    def check_complete(self) -> None:
+        if "dc_pdd" in self.audit.attacks and not self.audit.dc_pdd.corpus:
             raise MiaError(
-                f"world.target {self.world.target!r}: the audit demo runs on tiny or tiny-random"
+                "audit.attacks: dc_pdd needs audit.dc_pdd.corpus (documents to count token "
+                "frequencies in, of the kind the model was trained on)"
             )
+        if not (self.audit.suspected and self.audit.unseen):
+            raise MiaError(
+                "audit needs --suspected (the files you think the model trained on) and "
+                "--unseen (files of the same kind it surely never saw)"
+            )
+        if not self.model.name_or_path:
+            raise MiaError("audit needs --model: a hub name or a local folder")

@@ -10,7 +10,7 @@ import pandas as pd
 
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.audit.config import AuditJobConfig
-from mia_ray.pipelines.common import log
+from mia_ray.pipelines.common import log, resolved
 from mia_ray.redact import redact
 
 SIDES = ("suspected", "unseen")
@@ -34,6 +34,10 @@ def resolve_world(cfg: AuditJobConfig) -> AuditJobConfig:
 
     from mia_ray.demo.world import ensure_audit_books, ensure_world
 
+    if cfg.world.target not in ("tiny", "tiny-random"):
+        raise MiaError(
+            f"world.target {cfg.world.target!r}: the audit demo runs on tiny or tiny-random"
+        )
     cfg = copy.deepcopy(cfg)
     log(f"demo world at {cfg.world.resolved_root()} (target {cfg.world.target})")
     info = ensure_world(cfg.world, [cfg.world.target])
@@ -45,7 +49,7 @@ def resolve_world(cfg: AuditJobConfig) -> AuditJobConfig:
     cfg.model.reference = cfg.model.reference or info["reference"]
     # DC-PDD counts tokens in the reference model's documents, never audited.
     cfg.audit.dc_pdd.corpus = cfg.audit.dc_pdd.corpus or info["reference_pool"]
-    return cfg
+    return resolved(cfg)
 
 
 def _read_side(cfg: AuditJobConfig, side: str) -> pd.DataFrame:

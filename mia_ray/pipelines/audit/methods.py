@@ -174,7 +174,10 @@ def run_methods(
         sub = copy.deepcopy(sub_cfg)  # the pipelines resolve paths into their config
         d = Path(out) / name
         d.mkdir(parents=True, exist_ok=True)
-        run = registry.get("pipeline", name).run
+        spec = registry.get("pipeline", name)
+        if spec.resolve is not None:  # a pipeline runs its config as resolved (api.run_job)
+            sub = spec.resolve(sub)
+        run = spec.run
         log(f"audit.methods {name}: running into {d}")
         try:
             summary = _RUNNERS[name](cfg, sub, run, d, scored)

@@ -51,7 +51,6 @@ def run(cfg: AuditJobConfig, out: Path) -> dict:
     from mia_ray.scoring.config import Scoring
 
     t0 = time.time()
-    cfg = resolve(cfg)
     a = cfg.audit
     methods = method_configs(cfg)  # every requested method's config checks out before any work
     check_target_early(cfg.model, a.attack_config(bool(cfg.model.reference)), "audit")

@@ -52,8 +52,6 @@ class ContaminationJobConfig(JobConfig):
     def input_paths(self) -> dict[str, str]:
         return {"contamination.benchmark": self.contamination.benchmark}
 
-    def check(self) -> None:
-        if self.world.target:
-            return
+    def check_complete(self) -> None:
         if not self.contamination.benchmark or not self.model.name_or_path:
             raise MiaError("contamination needs --benchmark (the file, in order) and --model")

@@ -187,7 +187,6 @@ def run(cfg: ContaminationJobConfig, out: Path) -> dict:
     from mia_ray.reports.marks import render_contamination_report
 
     t0 = time.time()
-    cfg = resolve(cfg)
     c, m = cfg.contamination, cfg.model
     check_target_early(m)
     examples, shards = read_shards(cfg)

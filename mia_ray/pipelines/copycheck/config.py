@@ -92,7 +92,9 @@ class ExperimentConfig:
     n_unseen_in_suspected: list[int] = field(default_factory=lambda: [10, 20, 30, 40])
     n_suspected: int = 50
     n_unseen: int = 50
-    source: str = "books"  # sweep on the demo world: which source's files (books | web)
+    # a sweep on these files only: the ids under this source (a top folder, e.g. books);
+    # "": every file (the demo world's sweep runs on its books: its resolution sets it)
+    source: str = ""
     suspected: str = ""  # audit: folder (or jsonl/parquet) of suspected files
     unseen: str = ""  # audit: folder of surely-unseen files
     seed: int = 0
@@ -129,7 +131,9 @@ class DetectConfig:
     n_neighbors: int = 10
     neighbor_rate: float = 0.1  # share of a snippet's eligible words replaced per neighbour
     # Meeus et al. is supervised: it trains on labelled files disjoint from the audited ones.
-    meeus_source: str = "web"  # demo world: train on this source's members / non-members
+    # Meeus et al.'s training files: only the ids under this source ("": all); the demo
+    # world's resolution trains it on its web leads (data and labels as the run's)
+    meeus_source: str = ""
     meeus_data: str = ""  # own data: a labelled jsonl/parquet/folder (+ meeus_labels)
     meeus_labels: str = ""
     meeus_max_docs_per_class: int = 100
@@ -166,11 +170,8 @@ class CopyCheckJobConfig(JobConfig):
     detect: DetectConfig = field(default_factory=DetectConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)  # the blackbox sampler's
 
-    def check(self) -> None:
-        if not self.world.target:
-            if self.experiment.mode == "sweep" and not self.data.path:
-                raise MiaError(
-                    "data.path is empty: a sweep needs labelled documents (or world.target)"
-                )
-            if not self.model.name_or_path:
-                raise MiaError("model.name_or_path is empty: give a hub name or a local folder")
+    def check_complete(self) -> None:
+        if self.experiment.mode == "sweep" and not self.data.path:
+            raise MiaError("data.path is empty: a sweep needs labelled documents (or world.target)")
+        if not self.model.name_or_path:
+            raise MiaError("model.name_or_path is empty: give a hub name or a local folder")

@@ -122,19 +122,16 @@ def meeus_classifier(cfg, suspected_rows: pd.DataFrame, out: Path) -> dict | Non
     from mia_ray.detectors.meeus import MeeusClassifier, meeus_features
 
     dc = cfg.detect
-    if dc.meeus_data:
-        docs = read_side(dc.meeus_data, cfg.data)
-        labels = load_manifest(dc.meeus_labels) if dc.meeus_labels else None
-        if labels is None:
-            raise MiaError("detect.meeus_data needs detect.meeus_labels (doc_id -> 0/1)")
-        where = dc.meeus_data
-    elif cfg.world.target:
-        docs = read_side(cfg.data.path, cfg.data)
-        labels = load_manifest(cfg.data.labels)
-        docs = docs[docs["doc_id"].str.startswith(dc.meeus_source + "/")]
-        where = f"demo world, source {dc.meeus_source!r}"
-    else:
+    if not dc.meeus_data:
         return {"skipped": "no labelled training files (set detect.meeus_data and meeus_labels)"}
+    docs = read_side(dc.meeus_data, cfg.data)
+    labels = load_manifest(dc.meeus_labels) if dc.meeus_labels else None
+    if labels is None:
+        raise MiaError("detect.meeus_data needs detect.meeus_labels (doc_id -> 0/1)")
+    where = dc.meeus_data
+    if dc.meeus_source:
+        docs = docs[docs["doc_id"].str.startswith(dc.meeus_source + "/")]
+        where += f", source {dc.meeus_source!r}"
     docs = docs[docs["doc_id"].isin(labels.keys())]
     docs = docs[~docs["doc_id"].isin(set(suspected_rows["doc_id"]))]
     lab = sample_per_class(

@@ -63,12 +63,11 @@ def experiments_of(cfg: CopyCheckJobConfig) -> tuple[pd.DataFrame, list[dict[str
             }
         ]
         return pd.concat([sus, uns], ignore_index=True), exps
-    if not cfg.data.labels and not cfg.world.target:
+    if not cfg.data.labels:
         raise MiaError("a sweep needs membership labels: set data.labels (doc_id -> 0/1 manifest)")
     docs = read_side(cfg.data.path, cfg.data)
     labels = load_manifest(cfg.data.labels)
-    if cfg.world.target:
-        # The demo world's sweep runs on one source (the books, as in the paper).
+    if ex.source:  # one source (the demo world's sweep: its books, as in the paper)
         docs = docs[docs["doc_id"].str.startswith(ex.source + "/")]
     docs = docs[docs["doc_id"].isin(labels.keys())].reset_index(drop=True)
     seen = [d for d in docs["doc_id"] if labels[d] == 1]

@@ -23,11 +23,24 @@ from mia_ray.pipelines.copycheck.training import finetune_members, member_names
 from mia_ray.registry import pipeline
 
 
+def resolve(cfg: CopyCheckJobConfig) -> CopyCheckJobConfig:
+    """The demo world's documents, labels and models filled in (its sweep on the books, Meeus
+    et al. trained on the web leads), and the snippet size fitted to the model's window."""
+    if cfg.world.target:
+        cfg = resolve_world(cfg)
+        ex, dc = cfg.experiment, cfg.detect
+        ex.source = ex.source or "books"
+        if not dc.meeus_data:
+            dc.meeus_data, dc.meeus_labels = cfg.data.path, cfg.data.labels
+            dc.meeus_source = dc.meeus_source or "web"
+    return fit_snippets_to_window(cfg)
+
+
 @pipeline(
     "copycheck",
     CopyCheckJobConfig,
     help="CopyCheck: which suspected files the model has seen, from fine-tuning uncertainty",
-    resolve=lambda cfg: fit_snippets_to_window(resolve_world(cfg)),
+    resolve=resolve,
 )
 def run(cfg: CopyCheckJobConfig, out: Path, scored: pd.DataFrame | None = None) -> dict:
     """``scored``: the target's rows of a pass the caller made over the same snippets with the
@@ -36,7 +49,6 @@ def run(cfg: CopyCheckJobConfig, out: Path, scored: pd.DataFrame | None = None) 
     from mia_ray.reports.io import write_json, write_parquet
 
     t0 = time.time()
-    cfg = fit_snippets_to_window(resolve_world(cfg))
     remote_only = cfg.uncertainty.samplers == ["blackbox"] and cfg.backend.kind == "openai"
     if not (remote_only and not cfg.backend.serve):  # an API-only model has no local files
         check_target_early(cfg.model)

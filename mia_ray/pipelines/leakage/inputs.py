@@ -16,7 +16,7 @@ SCAN_FORMAT = 3
 def resolve_inputs(cfg: LeakageJobConfig) -> LeakageJobConfig:
     """``crawl.demo``: a copy of ``cfg`` on the demo world's crawl, its truth, books and
     benchmark."""
-    if not cfg.crawl.demo:
+    if not cfg.crawl.demo or cfg.world.resolved:
         return cfg
     import copy
 
@@ -32,6 +32,7 @@ def resolve_inputs(cfg: LeakageJobConfig) -> LeakageJobConfig:
     span = info["meta"]["settings"]
     cfg.scan.copyright_span = min(cfg.scan.copyright_span, span["span_words"])
     cfg.scan.benchmark_span = min(cfg.scan.benchmark_span, span["bench_span_words"])
+    cfg.world.resolved = "crawl"  # resolved once: resolving again keeps these shards
     return cfg
 
 

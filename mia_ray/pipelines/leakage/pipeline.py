@@ -79,7 +79,6 @@ def run(cfg: LeakageJobConfig, out: Path) -> dict:
     from mia_ray.reports.leakage import write_report
 
     t0 = time.monotonic()
-    cfg = resolve_inputs(cfg)
     shards = check_paths(cfg)
     check_pool_fits(cfg)
     stores = build_stores(cfg, out)

@@ -79,8 +79,14 @@ class LumiaJobConfig(JobConfig):
     world: WorldConfig = field(default_factory=WorldConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     targets: list[str] = field(default_factory=list)
+    # Filled by resolution: each target's documents, manifest, model and reference.
+    target_paths: dict[str, dict[str, str]] = field(default_factory=dict)
     attacks: list[str] = field(default_factory=lambda: list(LUMIA_ATTACKS))
     min_k_ratio: float = 0.2
+
+    def world_pending(self) -> bool:
+        # Targets are demo-world models: their paths come with resolution, as world.target's.
+        return super().world_pending() or (bool(self.targets) and not self.target_paths)
 
     def check(self) -> None:
         self.eval.check_classes(self.data)
@@ -91,10 +97,14 @@ class LumiaJobConfig(JobConfig):
             )
         if not 0 < self.min_k_ratio <= 1:
             raise MiaError(f"min_k_ratio must lie in (0, 1], not {self.min_k_ratio}")
-        if not (self.targets or self.world.target):
+        if len(set(self.targets)) != len(self.targets):
+            raise MiaError(f"targets lists a target twice: {self.targets}")
+
+    def check_complete(self) -> None:
+        if not self.targets:  # demo-world targets bring their own data and models
             if not self.data.path:
                 raise MiaError("data.path is empty: give the samples to probe (or targets)")
             if not self.model.name_or_path:
                 raise MiaError("model.name_or_path is empty: give a hub name or a local folder")
-        if len(set(self.targets)) != len(self.targets):
-            raise MiaError(f"targets lists a target twice: {self.targets}")
+        elif set(self.target_paths) != set(self.targets):
+            raise MiaError(f"targets {self.targets}: the demo world did not resolve them")

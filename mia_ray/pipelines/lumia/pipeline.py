@@ -11,10 +11,11 @@ import pandas as pd
 
 from mia_ray.pipelines.common import (
     check_target_early,
+    fill_from_world,
     fingerprint,
     fit_snippets_to_window,
     log,
-    resolve_world,
+    resolved,
 )
 from mia_ray.pipelines.lumia.activations import extract_activations
 from mia_ray.pipelines.lumia.baselines import baseline_attacks, baselines_of, blind_of
@@ -33,7 +34,7 @@ def run_target(cfg: LumiaJobConfig, name: str, out: Path) -> dict[str, Any]:
     from mia_ray.models.hf import is_vision_language
     from mia_ray.reports.io import write_parquet
 
-    cfg = fit_snippets_to_window(resolve_world(cfg))
+    cfg = fit_snippets_to_window(cfg)
     check_target_early(cfg.model)
     multimodal = is_vision_language(
         cfg.model.name_or_path, cfg.model.revision, cfg.model.trust_remote_code
@@ -152,16 +153,40 @@ def run_target(cfg: LumiaJobConfig, name: str, out: Path) -> dict[str, Any]:
     }
 
 
-@pipeline("lumia", LumiaJobConfig, help="LUMIA: membership signal per layer from linear probes")
+def resolve(cfg: LumiaJobConfig) -> LumiaJobConfig:
+    """Every demo-world target's paths (``targets``, else ``world.target``) found at once,
+    the world built once for all of them, into ``target_paths``; a config without a world
+    target as it is."""
+    names = list(cfg.targets) or ([cfg.world.target] if cfg.world.target else [])
+    if not names or cfg.target_paths:
+        return cfg
+    from mia_ray.demo.world import ensure_world
+
+    cfg = copy.deepcopy(cfg)
+    cfg.world.target = cfg.world.target or names[0]
+    log(f"demo world at {cfg.world.resolved_root()} (targets {', '.join(names)})")
+    info = ensure_world(cfg.world, names)
+    cfg.targets = names
+    cfg.target_paths = {t: {**info["targets"][t], "documents": str(info["documents"])}
+                        for t in names}  # fmt: skip
+    return resolved(cfg)
+
+
+@pipeline(
+    "lumia",
+    LumiaJobConfig,
+    help="LUMIA: membership signal per layer from linear probes",
+    resolve=resolve,
+)
 def run(cfg: LumiaJobConfig, out: Path) -> dict:
     from mia_ray.reports.io import write_json
     from mia_ray.reports.lumia import render_lumia_report
 
-    targets = list(cfg.targets) or [cfg.world.target]
     runs = []
-    for t in targets:
+    for t in list(cfg.targets) or [""]:
         tcfg = copy.deepcopy(cfg)
-        tcfg.world.target = t
+        if t:
+            fill_from_world(tcfg, cfg.target_paths[t])
         name = t or Path(cfg.model.name_or_path.rstrip("/")).name or "model"
         runs.append(run_target(tcfg, name, out / name))
     report: dict[str, Any] = {

@@ -90,8 +90,6 @@ class VerifyJobConfig(JobConfig):
     def input_paths(self) -> dict[str, str]:
         return {"verify.key": self.verify.key, "verify.files": self.verify.files}
 
-    def check(self) -> None:
-        if self.world.target:
-            return
+    def check_complete(self) -> None:
         if not self.verify.key or not self.model.name_or_path:
             raise MiaError("verify needs --model (the model to test) and --key (mark's key file)")

@@ -241,7 +241,6 @@ def run_verify(cfg: VerifyJobConfig, out: Path) -> dict:
     from mia_ray.stats.ranks import floor_marks
 
     t0 = time.time()
-    cfg = resolve_verify(cfg)
     v = cfg.verify
     key = read_key(v.key)
     check_target_early(cfg.model)

@@ -171,8 +171,8 @@ class MemHunterJobConfig(JobConfig):
     dataset_test: DatasetTestConfig = field(default_factory=DatasetTestConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
-    def check(self) -> None:
-        if not self.world.target and not self.sweep.datasets:
+    def check_complete(self) -> None:
+        if not self.sweep.datasets:
             if not self.data.path:
                 raise MiaError("data.path is empty: give the target dataset (or world.target)")
             if not self.model.name_or_path:

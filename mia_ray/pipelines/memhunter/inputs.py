@@ -6,23 +6,39 @@ import pandas as pd
 
 from mia_ray.data.inputs import labelled_documents
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import check_model_early, check_target_early, resolve_world
+from mia_ray.pipelines.common import (
+    check_model_early,
+    check_target_early,
+    fill_from_world,
+    log,
+    resolved,
+)
 from mia_ray.pipelines.memhunter.config import MemHunterJobConfig
 
 
 def resolve_inputs(cfg: MemHunterJobConfig) -> MemHunterJobConfig:
     """Demo world: target, its reference and data from ``world.target``; the hunter defaults
     to the world's tiny-ref, a small GPT trained only on the reference pool (never on members).
-    Returns the resolved copy, its models checked."""
-    cfg = resolve_world(cfg)
-    if cfg.world.target and not cfg.hunter.model:
-        from mia_ray.demo.world import ensure_world
+    Returns the resolved copy (a config without a world target as it is)."""
+    target = cfg.world.target
+    if not target:
+        return cfg
+    import copy
 
-        info = ensure_world(cfg.world, [cfg.world.target, "tiny"])
-        cfg.hunter.model = info["targets"]["tiny"]["reference"]
+    from mia_ray.demo.world import ensure_world
+
+    cfg = copy.deepcopy(cfg)
+    log(f"demo world at {cfg.world.resolved_root()} (target {target})")
+    info = ensure_world(cfg.world, [target, "tiny"])
+    fill_from_world(cfg, {**info["targets"][target], "documents": info["documents"]})
+    cfg.hunter.model = cfg.hunter.model or info["targets"]["tiny"]["reference"]
+    return resolved(cfg)
+
+
+def check_models(cfg: MemHunterJobConfig) -> None:
+    """The target and the hunter load, before any work (see ``check_target_early``)."""
     check_target_early(cfg.model)
     check_model_early(cfg.hunter.model, "hunter.model")
-    return cfg
 
 
 def read_pairs(cfg: MemHunterJobConfig, tok) -> tuple[pd.DataFrame, dict[int, list[str]]]:

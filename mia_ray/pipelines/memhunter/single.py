@@ -27,7 +27,7 @@ from mia_ray.pipelines.memhunter.extraction import (
     miniprompt_rows,
     plugin_rows,
 )
-from mia_ray.pipelines.memhunter.inputs import check_resources, read_pairs, resolve_inputs
+from mia_ray.pipelines.memhunter.inputs import check_models, check_resources, read_pairs
 from mia_ray.pipelines.memhunter.keys import SCORING, adapter_key, hunter_key, pairs_key, target_key
 from mia_ray.pipelines.memhunter.report import notes
 from mia_ray.pipelines.memhunter.training import train_the_hunter
@@ -44,7 +44,7 @@ def run_one(
     from mia_ray.data.pairs import bos_prefix
     from mia_ray.reports.io import write_json, write_parquet
 
-    cfg = resolve_inputs(cfg)
+    check_models(cfg)
     h = cfg.hunter
     from mia_ray.models.hf import load_tokenizer
 
