@@ -192,7 +192,6 @@ def test_one_actor_per_member_in_a_placement_group_gives_the_same_predictions(ru
 
     from mia_ray.config import load_config
     from mia_ray.pipelines import copycheck as cc
-    from mia_ray.pipelines.common import resolve_world
     from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
 
     out, _ = run
@@ -202,7 +201,7 @@ def test_one_actor_per_member_in_a_placement_group_gives_the_same_predictions(ru
         "jobs/copycheck_demo.yaml",
         [*sets, "uncertainty.placement=members", "uncertainty.cpus_per_actor=0.3"],
     )
-    cfg = resolve_world(cfg)
+    cfg = cc.resolve(cfg)
     docs, exps = cc.experiments_of(cfg)
     snippets = pd.read_parquet(out / "snippets.parquet")
     jobs = cc.finetune_jobs(cfg, exps, snippets, out / "members-check")
@@ -247,7 +246,6 @@ def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
 
     from mia_ray.config import load_config
     from mia_ray.pipelines import copycheck as cc
-    from mia_ray.pipelines.common import resolve_world
     from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
     from mia_ray.train.launch import finished
 
@@ -256,7 +254,7 @@ def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
 
     def config(*extra, model=None):
         cfg = load_config(CopyCheckJobConfig, "jobs/copycheck_demo.yaml", [*sets, *extra])
-        cfg = resolve_world(cfg)
+        cfg = cc.resolve(cfg)
         if model is not None:
             cfg.model.name_or_path = str(model)
         return cfg

@@ -11,11 +11,11 @@ Meeus et al. meta-classifier; plus the blind baseline.
 
 from mia_ray.pipelines.copycheck.features import score_target
 from mia_ray.pipelines.copycheck.inputs import experiments_of, snippets_for
-from mia_ray.pipelines.copycheck.pipeline import run
+from mia_ray.pipelines.copycheck.pipeline import resolve, run
 from mia_ray.pipelines.copycheck.sampling import members_mapper, sample_experiment
 from mia_ray.pipelines.copycheck.training import finetune_jobs
 
 __all__ = [
-    "experiments_of", "finetune_jobs", "members_mapper", "run", "sample_experiment",
+    "experiments_of", "finetune_jobs", "members_mapper", "resolve", "run", "sample_experiment",
     "score_target", "snippets_for",
 ]  # fmt: skip
