@@ -49,13 +49,13 @@ COPYCHECK = [
     "uncertainty.samplers=[mcd,blob,ensemble]",
     "uncertainty.ensemble_size=10",
     "uncertainty.n_samples=4",
-    "uncertainty.train_cpus=1",
+    "resources.trainer.cpus=1",
     "detect.baselines=[]",
     "data.snippet_size=48",
     "data.max_snippets_per_doc=2",
     "finetune.max_length=128",
 ]
-ATTACK = ["resources.scorer_actors=2", "resources.cpus_per_actor=1", "model.batch_size=2"]
+ATTACK = ["resources.scorer.actors=2", "resources.scorer.cpus=1", "model.batch_size=2"]
 
 
 def _load_cluster_module():

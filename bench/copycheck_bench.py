@@ -85,7 +85,7 @@ def main() -> None:
     for name, kw in runs.items():
         out = work / name
         shutil.rmtree(out, ignore_errors=True)
-        cfg.uncertainty = replace(cfg.uncertainty, train_cpus=kw["cpus"])
+        cfg.resources.trainer = replace(cfg.resources.trainer, cpus=kw["cpus"])
         jobs = cc.finetune_jobs(cfg, exps, snippets, out)
         n_members = len(jobs)
         t = time.perf_counter()
@@ -102,9 +102,8 @@ def main() -> None:
     jobs = jobs_by_run["C_concurrent_1cpu"]
     infer, preds = {}, {}
     for placement, actor_cpus in (("adapters", 1.0), ("members", round((cpus - 1) / 10, 3))):
-        cfg.uncertainty = replace(
-            cfg.uncertainty, samplers=["ensemble"], placement=placement, cpus_per_actor=actor_cpus
-        )
+        cfg.uncertainty = replace(cfg.uncertainty, samplers=["ensemble"], placement=placement)
+        cfg.resources.sampler = replace(cfg.resources.sampler, cpus=actor_cpus)
         out = work / f"infer-{placement}"
         shutil.rmtree(out, ignore_errors=True)
         t = time.perf_counter()

@@ -112,8 +112,8 @@ def main() -> None:
     splits = grouped_holdout_splits(y, groups, p.repeats, p.test_size, p.seed)
 
     # Both sides: one reader actor with every core's threads, as the demo job runs.
-    cfg.resources.torch_threads = cpus
-    cfg.resources.cpus_per_actor = 1
+    cfg.resources.scorer.torch_threads = cpus
+    cfg.resources.scorer.cpus = 1
     timings, baselines, parts_by = {}, {}, {}
     for mode in ("three", "one"):
         out = work / f"passes-{mode}"

@@ -74,10 +74,10 @@ def main() -> None:
     for actors in (1, 2):
         c = copy.deepcopy(cfg)
         # Ray's logical CPUs: the actors share the machine with the fine-tune task.
-        c.resources.scorer_actors = actors
-        c.resources.cpus_per_actor = (cpus - 1) / actors
-        c.resources.torch_threads = max(1, cpus // actors)
-        c.hunter.train_cpus = 1
+        c.resources.scorer.actors = actors
+        c.resources.scorer.cpus = (cpus - 1) / actors
+        c.resources.scorer.torch_threads = max(1, cpus // actors)
+        c.resources.trainer.cpus = 1
         pool = TargetPool(c.model.name_or_path, c.model, c.resources)
         try:
             pool.frame(probes.head(2))  # load the models before the clock starts
@@ -101,7 +101,7 @@ def main() -> None:
         runs.append(
             {
                 "actors": actors,
-                "threads": c.resources.torch_threads,
+                "threads": c.resources.scorer.torch_threads,
                 "trials_s": t_trials,
                 "rate": len(probes) / t_trials,
                 "iter_s": t_iter,

@@ -225,13 +225,13 @@ def through_ray(texts, model_dir, ref_dir, max_length, batch, threads, block_row
     inside their pools' wall time) and each pool's wall time (actor start, model load and
     every row back at the driver)."""
     from mia_ray.actors import BATCH
-    from mia_ray.config import ModelConfig, ResourcesConfig
+    from mia_ray.config import ModelConfig, PoolResources, ResourcesConfig
     from mia_ray.scoring.pools import scorer_mapper
     from mia_ray.stages import model_blocks
 
     df = pd.DataFrame({"snippet_id": [f"s{i}" for i in range(len(texts))], "text": texts})
     mc = ModelConfig(device="cpu", dtype="float32", max_length=max_length, batch_size=batch)
-    rc = ResourcesConfig(scorer_actors=1, cpus_per_actor=1, torch_threads=threads)
+    rc = ResourcesConfig(scorer=PoolResources(actors=1, cpus=1, torch_threads=threads))
     outs, walls = {}, []
     for name, model, prefix, lower, full in (
         ("target", model_dir, "", True, True),

@@ -79,7 +79,7 @@ def prefix_cache_speed(model_dir: Path, docs: list[str], repeats: int = 2) -> di
 def run_zoo(target: str, out: Path, threads: int) -> tuple[dict, float]:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [str(Path(sys.executable).parent / "mia-ray"), "attack", "--config", str(ROOT / "jobs/attack_demo.yaml"),
-           "--set", f"world.target={target}", "--set", f"resources.torch_threads={threads}",
+           "--set", f"world.target={target}", "--set", f"resources.scorer.torch_threads={threads}",
            "--out", str(out)]  # fmt: skip
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT)
@@ -140,7 +140,7 @@ def main() -> None:
             f"`python bench/zoo_bench.py --target {args.target}` on {platform.machine()}, "
             f"{os.cpu_count()} CPU cores, {date.today()}, load average {load:.1f} at the start. "
             f"It runs `mia-ray attack --config jobs/attack_demo.yaml --set world.target="
-            f"{args.target} --set resources.torch_threads={args.threads}` (all 13 attacks) on a "
+            f"{args.target} --set resources.scorer.torch_threads={args.threads}` (all 13 attacks) on a "
             f"fresh output folder: {n} snippets, one Scorer actor, CPU float32. Seconds per pass "
             "as `report.json` (`passes`) records them; the lowercase pass runs inside the target's "
             "pool, so its seconds are the target's.",

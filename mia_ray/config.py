@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -146,15 +147,56 @@ class ModelConfig:
 
 
 @dataclass
+class PoolResources:
+    """One role's pool of Ray actors: how many, and what each asks for."""
+
+    actors: int = 1
+    cpus: float = 1.0  # per actor
+    gpus: float = 0.0  # per actor
+    torch_threads: int = 0  # per actor; 0 = cpus rounded up
+
+    def threads(self) -> int:
+        return self.torch_threads or max(1, math.ceil(self.cpus))
+
+    def check(self, section: str) -> None:
+        check_at_least_1({f"{section}.actors": self.actors})
+        check_cpus_gpus(section, self.cpus, self.gpus, "")
+        if self.torch_threads < 0:
+            raise MiaError(f"{section}.torch_threads must be 0 or more, not {self.torch_threads}")
+
+
+@dataclass
+class TrainerResources:
+    """Fine-tunes (CopyCheck's members, MemHunter's hunter): each a Ray Tune trial or task."""
+
+    cpus: float = 1.0  # per fine-tune (per worker with workers > 1)
+    gpus: float = 0.0
+    workers: int = 1  # > 1: a CopyCheck member trains on this many Ray Train workers
+    concurrent: int = 0  # fine-tunes at once; 0 = as many as the cluster holds
+
+    def threads(self) -> int:
+        return max(1, math.ceil(self.cpus))
+
+    def check(self, section: str) -> None:
+        check_at_least_1({f"{section}.workers": self.workers})
+        check_cpus_gpus(section, self.cpus, self.gpus, "")
+        if self.concurrent < 0:
+            raise MiaError(f"{section}.concurrent must be 0 or more, not {self.concurrent}")
+
+
+@dataclass
 class ResourcesConfig:
-    """Where and how wide to run. Empty address = a local Ray instance sized to this machine."""
+    """Where and how wide to run, one section per role. Empty address = a local Ray
+    instance sized to this machine."""
 
     address: str = ""
     num_cpus: int = 0  # local instance only; 0 = all cores
-    scorer_actors: int = 1
-    cpus_per_actor: float = 1.0
-    gpus_per_actor: float = 0.0
-    torch_threads: int = 0  # per actor; 0 = cpus_per_actor rounded up
+    # Every model that reads the snippets: Scorers, LUMIA's activation readers, SaMIA's
+    # samplers, the leakage survey's and MemHunter's target actors.
+    scorer: PoolResources = field(default_factory=PoolResources)
+    # CopyCheck's uncertainty samplers (its fine-tuned members read back).
+    sampler: PoolResources = field(default_factory=PoolResources)
+    trainer: TrainerResources = field(default_factory=TrainerResources)
     no_progress_timeout_s: float = 0.0  # 0 = Ray's default
     # Where artifacts that cross nodes live (adapters, staged models, parts, caches): a folder
     # every node mounts, or s3://bucket/prefix, gs://bucket/prefix. "" = --out itself.
@@ -164,17 +206,46 @@ class ResourcesConfig:
     custom_resources: dict[str, float] = field(default_factory=dict)
 
     def validate(self) -> None:
-        check_at_least_1({"resources.scorer_actors": self.scorer_actors})
         _check_storage(self.storage)
         bad = {k: v for k, v in self.custom_resources.items() if not v > 0 or not str(k)}
         if bad:
             raise MiaError(
                 f"resources.custom_resources must map resource names to amounts > 0, not {bad}"
             )
-        check_cpus_gpus("resources", self.cpus_per_actor, self.gpus_per_actor, "_per_actor")
-        for key in ("num_cpus", "torch_threads", "no_progress_timeout_s"):
+        self.scorer.check("resources.scorer")
+        self.sampler.check("resources.sampler")
+        self.trainer.check("resources.trainer")
+        for key in ("num_cpus", "no_progress_timeout_s"):
             if getattr(self, key) < 0:
                 raise MiaError(f"resources.{key} must be 0 or more, not {getattr(self, key)}")
+
+
+# Keys that moved (section, key) -> their new dotted key: a config of an earlier version is
+# told where each went, not only that it is unknown.
+MOVED = {
+    ("resources", "scorer_actors"): "resources.scorer.actors",
+    ("resources", "cpus_per_actor"): "resources.scorer.cpus",
+    ("resources", "gpus_per_actor"): "resources.scorer.gpus",
+    ("resources", "torch_threads"): "resources.scorer.torch_threads",
+    ("uncertainty", "sampler_actors"): "resources.sampler.actors",
+    ("uncertainty", "cpus_per_actor"): "resources.sampler.cpus",
+    ("uncertainty", "gpus_per_actor"): "resources.sampler.gpus",
+    ("uncertainty", "train_cpus"): "resources.trainer.cpus",
+    ("uncertainty", "train_gpus"): "resources.trainer.gpus",
+    ("uncertainty", "train_workers"): "resources.trainer.workers",
+    ("uncertainty", "max_concurrent_trials"): "resources.trainer.concurrent",
+    ("hunter", "train_cpus"): "resources.trainer.cpus",
+    ("hunter", "train_gpus"): "resources.trainer.gpus",
+}
+
+
+def unknown_key(where: str, key: str, valid: list[str]) -> MiaError:
+    """The error for an unknown key ``key`` at dotted ``where`` (``a.b.key``)."""
+    section = where.split(".")[-2] if "." in where else ""
+    moved = MOVED.get((section, key))
+    if moved:
+        return MiaError(f"config key {where!r} is now {moved!r} (one resources section per role)")
+    return MiaError(f"unknown config key {where!r}{hint(key, valid)}")
 
 
 _STORAGE_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "file")
@@ -410,7 +481,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "", base: Any = Non
     kwargs = {}
     for key, value in data.items():
         if key not in fields:
-            raise MiaError(f"unknown config key {prefix + key!r}{hint(key, list(fields))}")
+            raise unknown_key(prefix + key, key, list(fields))
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             f = fields[key]
@@ -437,8 +508,7 @@ def apply_override(raw: dict[str, Any], cls: type, assignment: str) -> None:
     for i, part in enumerate(parts):
         names = {f.name: f for f in dataclasses.fields(tp)}
         if part not in names:
-            where = ".".join(parts[: i + 1])
-            raise MiaError(f"unknown config key {where!r}{hint(part, list(names))}")
+            raise unknown_key(".".join(parts[: i + 1]), part, list(names))
         sub = typing.get_type_hints(tp)[part]
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(sub):

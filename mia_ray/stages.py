@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mia_ray import storage
+from mia_ray.keys import fingerprint
 from mia_ray.log import log
 from mia_ray.reports.io import read_json, write_json
 
@@ -280,13 +281,34 @@ def commit_record(store: storage.Storage, rel: str, info: dict) -> dict:
     return info
 
 
+def rows_key(rows) -> str:
+    """``rows`` (pandas) by content: every column, whatever the rows' order."""
+    import pandas as pd
+
+    cols = sorted(rows.columns)
+    try:
+        hashed = pd.util.hash_pandas_object(rows[cols], index=False)
+    except TypeError:  # a column of lists or arrays
+        hashed = pd.util.hash_pandas_object(rows[cols].astype(str), index=False)
+    return fingerprint(cols, str(hashed.sum()), len(rows))
+
+
+def parts_key(rows, batch_size: int, inputs: Any) -> str:
+    """The key of a parts stage, derived from what decides its results: ``rows`` by content
+    (:func:`rows_key`), the model batch size (it sets each batch's mates and padding, so
+    float32's last bits) and ``inputs``, everything else the mapper is given that changes
+    its numbers (the model by ``model_key``, options). Equal keys, equal rows."""
+    return fingerprint(rows_key(rows), batch_size, inputs)
+
+
 def parts_stage(
     out: Path,
     name: str,
-    key: str,
     rows,
     mapper: Callable[[Any], Any],
     batch_size: int,
+    *,
+    inputs: Any,
     load: bool = True,
     what: str = "",
 ):
@@ -294,15 +316,19 @@ def parts_stage(
     of ``batch_size`` (:func:`model_blocks`) through ``mapper(ds) -> ds`` and write the
     results in parts to ``out/name`` as they arrive; return all rows (pandas), or with
     ``load=False`` the part files (for results larger than memory). The mapper's actors take
-    each block whole (``batch_size=None``) and run ``in_model_batches``.
+    each block whole (``batch_size=None``) and run ``in_model_batches``. ``inputs``: what
+    besides the rows decides the results; the stage's key is :func:`parts_key`.
 
-    A rerun with the same ``key`` skips every row already in a part, so an interrupted run
-    resumes where it stopped; another key starts afresh."""
+    A rerun with the same key skips every model batch whose rows are all in a part, so an
+    interrupted run resumes where it stopped; another key starts afresh. The batches are
+    drawn from all the rows before any is skipped, so a resumed row has the batch mates
+    (and numbers, to the last bit) it has in a run that was never interrupted."""
     import pandas as pd
 
     from mia_ray.actors import BATCH
     from mia_ray.reports.io import write_parquet
 
+    key = parts_key(rows, batch_size, inputs)
     what = what or name.rsplit("/", 1)[-1]
     path, ws, rel, got = _open(out, name, key, "parts", keep_same_key=True)
     if got is None:
@@ -317,7 +343,10 @@ def parts_stage(
     total = len(rows)
     if done_ids:
         log(f"{what}: reusing {len(done_ids)} of {total} rows")
-    todo = rows[~rows["snippet_id"].isin(done_ids)] if done_ids else rows
+    todo = draw_batches(rows, batch_size)
+    if done_ids:  # whole batches again where any row is missing, so its mates stay its own
+        missing = todo.loc[~todo["snippet_id"].isin(done_ids), BATCH].unique()
+        todo = todo[todo[BATCH].isin(missing)]
     n_new, buffer = 0, []
     t0, last = time.time(), 0.0
 
@@ -332,8 +361,10 @@ def parts_stage(
 
     if len(todo):
         try:
-            ds = model_blocks(todo, batch_size)
+            ds = model_blocks(todo, batch_size, drawn=True)
             for batch in mapper(ds).iter_batches(batch_format="pandas", batch_size=None):
+                if done_ids:
+                    batch = batch[~batch["snippet_id"].isin(done_ids)]
                 buffer.append(batch.drop(columns=BATCH, errors="ignore"))
                 n_new += len(batch)
                 if sum(len(b) for b in buffer) >= PART_ROWS:
@@ -374,12 +405,13 @@ def draw_batches(rows, batch_size: int):
     return rows
 
 
-def model_blocks(rows, batch_size: int, block_rows: int = BLOCK_ROWS):
-    """``draw_batches(rows, batch_size)`` as a Ray Dataset whose blocks hold whole batches,
-    ~``block_rows`` rows each."""
+def model_blocks(rows, batch_size: int, block_rows: int = BLOCK_ROWS, drawn: bool = False):
+    """``draw_batches(rows, batch_size)`` (``drawn``: ``rows`` are already drawn) as a Ray
+    Dataset whose blocks hold whole batches, ~``block_rows`` rows each."""
     import ray
 
-    rows = draw_batches(rows, batch_size)
+    if not drawn:
+        rows = draw_batches(rows, batch_size)
     # One map task emits its output only when its whole block is done: small blocks keep
     # results streaming into parts (and Ray Data's no-progress watchdog fed).
     per_block = batch_size * max(1, block_rows // batch_size)

@@ -65,7 +65,7 @@ OWN = (
         "eval.bootstrap=100",
         "data.snippet_size=32",
         "model.max_length=64",
-        "resources.cpus_per_actor=0.5",
+        "resources.scorer.cpus=0.5",
     ),
 )
 
@@ -140,7 +140,7 @@ def _old_report_set_aside(out: Path) -> None:
 KEY_ID, SECRET, API_KEY = "AKIDEXAMPLE77", "wJalrXUtnFEMIK7MDENG", "sk-test0123456789abcdefXYZ"
 AUDIT = ("audit", "--model", "{model}", "--unseen", "{docs}",
          *_sets("data.snippet_size=32", "model.max_length=64", "audit.attacks=[loss]",
-                "resources.cpus_per_actor=0.5"))  # fmt: skip
+                "resources.scorer.cpus=0.5"))  # fmt: skip
 _held: list = []  # a lock this test process holds for a row, released by its check
 
 
@@ -248,10 +248,10 @@ ROWS = [
         "data.min_docs_per_class must be at least 2, not 1"),
     Bad("batch size 0", (*ATTACK, *_sets("model.batch_size=0")),
         "model.batch_size must be at least 1, not 0"),
-    Bad("no scorer actors", (*ATTACK, *_sets("resources.scorer_actors=0")),
-        "resources.scorer_actors must be at least 1, not 0"),
-    Bad("actors with no CPU", (*ATTACK, *_sets("resources.cpus_per_actor=0")),
-        "resources.cpus_per_actor must be more than 0, not 0.0"),
+    Bad("no scorer actors", (*ATTACK, *_sets("resources.scorer.actors=0")),
+        "resources.scorer.actors must be at least 1, not 0"),
+    Bad("actors with no CPU", (*ATTACK, *_sets("resources.scorer.cpus=0")),
+        "resources.scorer.cpus must be more than 0, not 0.0"),
     Bad("max_length 0", (*ATTACK, *_sets("model.max_length=0")),
         "model.max_length must be at least 2 tokens, not 0"),
     Bad("unknown dtype", (*ATTACK, *_sets("model.dtype=float8")),
@@ -260,8 +260,13 @@ ROWS = [
         "model.device must be one of auto, cpu, cuda, not 'tpu'"),
     Bad("copycheck sampler batch 0", (*COPYCHECK, *_sets("uncertainty.batch_size=0")),
         "uncertainty.batch_size must be at least 1, not 0"),
-    Bad("copycheck no sampler actors", (*COPYCHECK, *_sets("uncertainty.sampler_actors=0")),
-        "uncertainty.sampler_actors must be at least 1, not 0"),
+    Bad("copycheck no sampler actors", (*COPYCHECK, *_sets("resources.sampler.actors=0")),
+        "resources.sampler.actors must be at least 1, not 0"),
+    Bad("a key of an earlier version", (*COPYCHECK, *_sets("uncertainty.train_cpus=2")),
+        "config key 'uncertainty.train_cpus' is now 'resources.trainer.cpus' (one resources "
+        "section per role)"),
+    Bad("trainer with no CPU", (*COPYCHECK, *_sets("resources.trainer.cpus=0")),
+        "resources.trainer.cpus must be more than 0, not 0.0"),
     Bad("copycheck unknown clustering", (*COPYCHECK, *_sets("detect.methods=[gmm,kmean]")),
         "detect: unknown method 'kmean'; did you mean 'kmeans'?"),
     Bad("copycheck bootstrap", (*COPYCHECK, *_sets("eval.bootstrap=-5")),

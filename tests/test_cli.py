@@ -140,7 +140,7 @@ def test_rerun_sets_the_last_report_aside_and_progress_ends_at_the_total(
         "--set", f"model.name_or_path={test_world['model']}", "--set", "attack.attacks=loss",
         "--set", "data.min_docs_per_class=3", "--set", "eval.bootstrap=100",
         "--set", "data.snippet_size=32", "--set", "model.max_length=64",
-        "--set", "resources.cpus_per_actor=0.5", "--out", str(out),
+        "--set", "resources.scorer.cpus=0.5", "--out", str(out),
     ]  # fmt: skip
     assert main(args) == 0
     err = capsys.readouterr().err

@@ -61,7 +61,7 @@ def test_cluster_job_config_loads_with_every_key_valid():
     assert cfg.model.name_or_path.startswith("EleutherAI/pythia-")
     assert cfg.model.reference == "EleutherAI/pythia-160m"
     assert (cfg.model.dtype, cfg.model.device) == ("bfloat16", "cuda")
-    assert (cfg.resources.scorer_actors, cfg.resources.gpus_per_actor) == (4, 1.0)
+    assert (cfg.resources.scorer.actors, cfg.resources.scorer.gpus) == (4, 1.0)
     assert cfg.eval.blind_baseline and "ref" in cfg.attack.attacks
 
 
@@ -77,7 +77,7 @@ def test_lumia_cluster_job_configs_load_with_every_key_valid():
 
     text = load_config(LumiaJobConfig, str(ROOT / "jobs" / "lumia_cluster.yaml"))
     assert text.model.name_or_path == "EleutherAI/pythia-1.4b" and text.targets == []
-    assert (text.resources.gpus_per_actor, text.probe.repeats) == (1.0, 3)
+    assert (text.resources.scorer.gpus, text.probe.repeats) == (1.0, 3)
     llava = load_config(LumiaJobConfig, str(ROOT / "jobs" / "lumia_llava_cluster.yaml"))
     assert llava.model.name_or_path.startswith("llava-hf/llava-onevision-")
     assert llava.data.image_field == "image" and llava.attacks == []
@@ -93,7 +93,7 @@ def test_memhunter_job_configs_load_with_the_papers_settings_on_the_cluster():
     h = c.hunter
     assert (h.top_k, h.beams, h.pool_size, h.iterations) == (48, 4, 256, 10)
     assert (h.lora_r, h.lora_alpha, h.epochs, h.lr) == (8, 16, 8, 5e-4)
-    assert c.extraction.trials == [5, 10, 20, 30] and c.resources.gpus_per_actor == 1.0
+    assert c.extraction.trials == [5, 10, 20, 30] and c.resources.scorer.gpus == 1.0
     demo = load_config(MemHunterJobConfig, str(ROOT / "jobs" / "memhunter_demo.yaml"))
     assert demo.world.target == "smollm2" and demo.hunter.model == ""
     sweep = load_config(MemHunterJobConfig, str(ROOT / "jobs" / "memhunter_sweep_smollm2.yaml"))
@@ -108,7 +108,7 @@ def test_leakage_job_configs_load_with_the_papers_settings():
     assert c.scan.copyright_span == 300 and c.eval.shots == 16 and c.scan.workers == 32
     assert c.crawl.shards[0].startswith("s3://") and c.crawl.shards[0].endswith("*.warc.wet.gz")
     assert (c.crawl.sample, c.crawl.seed) == (0.01, 0)
-    assert (c.backend.device, c.resources.gpus_per_actor) == ("cuda", 1.0)
+    assert (c.backend.device, c.resources.scorer.gpus) == ("cuda", 1.0)
     assert c.eval.targets == ["EleutherAI/pythia-1.4b", "EleutherAI/pythia-1.4b-deduped"]
     demo = load_config(LeakageJobConfig, str(ROOT / "jobs" / "leakage_demo.yaml"))
     assert demo.crawl.demo and demo.eval.targets[0] == "@world:smollm2-crawl"

@@ -114,7 +114,7 @@ def test_copycheck_demo_and_cluster_configs_load():
     assert demo.uncertainty.ensemble_size == 10 and demo.uncertainty.n_samples == 10
     cluster = load_config(CopyCheckJobConfig, "jobs/copycheck_cluster.yaml")
     assert cluster.finetune.lr == 1e-4 and cluster.finetune.deepspeed == "jobs/deepspeed_zero2.json"
-    assert cluster.uncertainty.placement == "members" and cluster.uncertainty.train_gpus == 1
+    assert cluster.uncertainty.placement == "members" and cluster.resources.trainer.gpus == 1
 
 
 LUMIA_ERRORS = [
@@ -215,3 +215,26 @@ def test_a_section_set_in_part_keeps_its_fields_own_defaults(tmp_path):
         AttackJobConfig, None, ["data.path=d", "model.name_or_path=m", "model.reference=r"]
     )
     assert (attack.data.snippet_unit, attack.data.snippet_size) == ("words", 512)
+
+
+def test_a_key_of_an_earlier_version_says_where_it_went(tmp_path):
+    from mia_ray.pipelines.copycheck.config import CopyCheckJobConfig
+
+    path = _write(tmp_path, "resources:\n  scorer_actors: 4\n")
+    with pytest.raises(MiaError) as err:
+        load_config(AttackJobConfig, path)
+    assert str(err.value) == (
+        "config key 'resources.scorer_actors' is now 'resources.scorer.actors' "
+        "(one resources section per role)"
+    )
+    path = _write(tmp_path, "uncertainty:\n  max_concurrent_trials: 2\n")
+    with pytest.raises(MiaError) as err:
+        load_config(CopyCheckJobConfig, path)
+    assert "is now 'resources.trainer.concurrent'" in str(err.value)
+    # Each role's section: its own numbers, checked under its own name.
+    cfg = load_config(CopyCheckJobConfig, None, ["world.target=tiny", "resources.sampler.cpus=0.5",
+                                                 "resources.trainer.concurrent=3"])  # fmt: skip
+    assert (cfg.resources.sampler.cpus, cfg.resources.sampler.threads()) == (0.5, 1)
+    assert (cfg.resources.trainer.concurrent, cfg.resources.scorer.cpus) == (3, 1.0)
+    with pytest.raises(MiaError, match=r"^resources.trainer.concurrent must be 0 or more, not -1$"):
+        load_config(AttackJobConfig, None, ["resources.trainer.concurrent=-1"])

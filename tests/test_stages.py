@@ -6,6 +6,7 @@ import uuid
 
 import pandas as pd
 import pytest
+import ray
 
 from mia_ray import stages, storage
 
@@ -174,20 +175,48 @@ class _Interrupted:
 @pytest.mark.ray
 def test_rows_that_arrived_before_an_interrupt_are_kept(tmp_path, ray_local, capsys):
     rows = pd.DataFrame({"snippet_id": [f"s{i}" for i in range(6)], "text": ["t"] * 6})
+    inputs = {"model": "m"}
     with pytest.raises(KeyboardInterrupt):
-        stages.parts_stage(tmp_path, "rows/target", "k", rows, lambda ds: _Interrupted(rows), 2)
+        stages.parts_stage(tmp_path, "rows/target", rows, lambda ds: _Interrupted(rows), 2,
+                           inputs=inputs)  # fmt: skip
     parts = sorted((tmp_path / "rows" / "target").glob("part-*.parquet"))
     assert len(parts) == 1 and len(pd.read_parquet(parts[0])) == 3
     marker = stages.marker(tmp_path / "rows" / "target")
-    assert marker["key"] == "k" and not marker["complete"]
+    key = stages.parts_key(rows, 2, inputs)
+    assert marker["key"] == key and not marker["complete"]
+    seen = []
 
     def score(ds):  # the rest, scored for real through Ray Data
-        return ds.map_batches(lambda b: b.assign(loss=2.0), batch_format="pandas")
+        def one(b):
+            return b.assign(loss=2.0)
 
-    got = stages.parts_stage(tmp_path, "rows/target", "k", rows, score, 2)
+        got = ds.map_batches(one, batch_format="pandas").to_pandas()
+        seen.extend(sorted(zip(got["_batch"], got["snippet_id"], strict=True)))
+        return ray.data.from_pandas(got)
+
+    got = stages.parts_stage(tmp_path, "rows/target", rows, score, 2, inputs=inputs)
     assert "target: reusing 3 of 6 rows" in capsys.readouterr().err
+    # s2's batch was cut by the interrupt: it is scored again whole, with its mate s3, so
+    # s2's numbers are those of an uninterrupted run; the part's row of s2 is the one kept.
+    assert seen == [(1, "s2"), (1, "s3"), (2, "s4"), (2, "s5")]
     assert sorted(got["snippet_id"]) == list(rows["snippet_id"])
     assert got.set_index("snippet_id")["loss"].to_dict() == {
         "s0": 1.0, "s1": 1.0, "s2": 1.0, "s3": 2.0, "s4": 2.0, "s5": 2.0,
     }  # fmt: skip
-    assert stages.holds(stages.marker(tmp_path / "rows" / "target"), "k")
+    assert stages.holds(stages.marker(tmp_path / "rows" / "target"), key)
+
+
+def test_a_parts_key_follows_the_rows_content_the_batch_size_and_the_inputs():
+    rows = pd.DataFrame({"snippet_id": ["a", "b", "c"], "text": ["x", "yy", "zzz"]})
+    key = stages.parts_key(rows, 2, {"model": "m"})
+    assert stages.parts_key(rows.iloc[::-1], 2, {"model": "m"}) == key  # order is no input
+    assert stages.parts_key(rows, 3, {"model": "m"}) != key  # other batch mates, other bits
+    assert stages.parts_key(rows, 2, {"model": "n"}) != key
+    assert stages.parts_key(rows.assign(text=["x", "yy", "zz"]), 2, {"model": "m"}) != key
+    assert stages.parts_key(rows.iloc[:2], 2, {"model": "m"}) != key
+    # Every column the mapper may read is content (a LUMIA image path, say), lists too.
+    assert stages.parts_key(rows.assign(image=["p", "q", "r"]), 2, {"model": "m"}) != key
+    listed = rows.assign(ids=[[1], [2], [3]])
+    assert stages.parts_key(listed, 2, {}) != stages.parts_key(
+        listed.assign(ids=[[1], [2], [4]]), 2, {}
+    )

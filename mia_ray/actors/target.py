@@ -250,9 +250,9 @@ class TargetPool:
         from ray.util import ActorPool
 
         res, m = res_cfg, model_cfg
-        threads = res.torch_threads or max(1, int(np.ceil(res.cpus_per_actor)))
+        threads = res.scorer.threads()
         remote = ray.remote(TargetLM).options(
-            **ray_options(res, res.cpus_per_actor, res.gpus_per_actor),
+            **ray_options(res, res.scorer.cpus, res.scorer.gpus),
             # An actor whose node died starts again on another node (it loads the model from
             # storage there) and the call it was serving runs again: scoring and GCG read
             # nothing but their arguments, so a retried call gives the same rows.
@@ -265,7 +265,7 @@ class TargetPool:
         name = for_remote(path)  # never a path of this node's disk on a cluster
         self.actors = [
             remote.remote(name, m.device, m.dtype, rev, m.trust_remote_code, threads)
-            for _ in range(max(1, res.scorer_actors))
+            for _ in range(res.scorer.actors)
         ]
         self.pool = ActorPool(self.actors)
         self.batch = max(1, m.batch_size)

@@ -9,10 +9,9 @@ import pandas as pd
 
 from mia_ray.data.inputs import labelled_documents, snippets_of
 from mia_ray.errors import MiaError
-from mia_ray.keys import fingerprint
 from mia_ray.log import log
 from mia_ray.scoring.config import Scoring
-from mia_ray.scoring.pools import score_pool, scorer_key
+from mia_ray.scoring.pools import score_pool
 
 
 def crop_to_scored_span(
@@ -92,23 +91,15 @@ def score_attacks(
             f"{n_cropped} of {len(snip_meta)} snippets cut to the text that fits "
             f"model.max_length tokens of {'both models' if both else 'the model'}"
         )
-    # Scored rows are reused only for the very same (cropped) snippet texts and ids.
-    ordered = snip_meta.sort_values("snippet_id")
-    fp_snip = fingerprint(
-        pd.util.hash_pandas_object(ordered[["snippet_id", "text"]], index=False).sum(),
-        len(ordered),
-        cfg.model.max_length,
-    )
+    # (Scored rows are reused only for the very same cropped texts: the stages' keys.)
     scored = snip_meta[["snippet_id", "text"]]
     t1 = time.time()
     ref_scores, ref_loss, ref_seconds = None, None, {}
     if reference_features:
-        ref_scores, ref_loss, ref_seconds = _reference_scores(
-            cfg, snip_meta, out, fp_snip, prefixes, labels
-        )
-    merged, seconds = _forward_passes(cfg, snip_meta, out / "rows", fp_snip, ref_loss)
+        ref_scores, ref_loss, ref_seconds = _reference_scores(cfg, snip_meta, out, prefixes, labels)
+    merged, seconds = _forward_passes(cfg, snip_meta, out / "rows", ref_loss)
     seconds.update({k if k == "reference" else f"reference {k}": v for k, v in ref_seconds.items()})
-    extra = run_passes(cfg, need, merged, out, fp_snip, prefixes, seconds)
+    extra = run_passes(cfg, need, merged, out, prefixes, seconds)
     t_score = time.time() - t1
     snip_scores, doc_scores, score_cols = _score_frames(cfg, merged, extra, labels)
     timings = {
@@ -138,7 +129,7 @@ def score_attacks(
     )
 
 
-def _reference_scores(cfg: Scoring, snip_meta, out: Path, fp_snip, prefixes, labels):
+def _reference_scores(cfg: Scoring, snip_meta, out: Path, prefixes, labels):
     """The reference's scores of the snippets for :func:`reference_job`'s attacks (snippet_id
     and one column per score), its losses for the ``ref`` attack and each pass's seconds."""
     from mia_ray.features.attacks import passes_of
@@ -146,10 +137,10 @@ def _reference_scores(cfg: Scoring, snip_meta, out: Path, fp_snip, prefixes, lab
 
     rcfg = reference_job(cfg)
     log(f"the reference {cfg.model.reference} scores the same snippets with the same attacks")
-    rmerged, seconds = _forward_passes(rcfg, snip_meta, out / "reference" / "rows", fp_snip,
+    rmerged, seconds = _forward_passes(rcfg, snip_meta, out / "reference" / "rows",
                                        name="reference")  # fmt: skip
     rextra = run_passes(rcfg, passes_of(rcfg.attack.attacks), rmerged, out / "reference",
-                        fp_snip, prefixes, seconds, label="reference ")  # fmt: skip
+                        prefixes, seconds, label="reference ")  # fmt: skip
     rs, _, rcols = _score_frames(rcfg, rmerged, rextra, labels)
     ref_loss = rmerged[["snippet_id", "loss"]].rename(columns={"loss": "ref_loss"})
     return rs[["snippet_id", *rcols]], ref_loss, seconds
@@ -185,7 +176,7 @@ def _snippets_of_job(cfg: Scoring, docs, labels, snippets):
     return docs, labels, snip_meta
 
 
-def _forward_passes(cfg: Scoring, snip_meta: pd.DataFrame, rows_dir: Path, fp_snip,
+def _forward_passes(cfg: Scoring, snip_meta: pd.DataFrame, rows_dir: Path,
                     ref_loss: pd.DataFrame | None = None, name: str = "target"):  # fmt: skip
     """The model's pass (with the lowercase one when asked) and the reference's, merged
     with the snippets; also the seconds of each. ``ref_loss`` (snippet_id, ref_loss): the
@@ -194,7 +185,7 @@ def _forward_passes(cfg: Scoring, snip_meta: pd.DataFrame, rows_dir: Path, fp_sn
     attacks = cfg.attack.attacks
     scored = snip_meta[["snippet_id", "text"]]
     t1 = time.time()
-    log(f"scoring with {name} {cfg.model.name_or_path} on {cfg.resources.scorer_actors} actor(s)")
+    log(f"scoring with {name} {cfg.model.name_or_path} on {cfg.resources.scorer.actors} actor(s)")
     tgt = score_pool(
         scored,
         cfg.model,
@@ -204,7 +195,6 @@ def _forward_passes(cfg: Scoring, snip_meta: pd.DataFrame, rows_dir: Path, fp_sn
         "lowercase" in attacks,
         True,
         rows_dir / name,
-        fingerprint(fp_snip, scorer_key(cfg.model, cfg.resources), "lowercase" in attacks),
     )
     seconds = {name: round(time.time() - t1, 2)}  # with the lowercase pass, when asked
     merged = snip_meta.merge(tgt, on="snippet_id", how="inner", validate="one_to_one")
@@ -221,7 +211,6 @@ def _forward_passes(cfg: Scoring, snip_meta: pd.DataFrame, rows_dir: Path, fp_sn
             False,
             False,
             rows_dir / "reference",
-            fingerprint(fp_snip, scorer_key(cfg.model, cfg.resources, cfg.model.reference)),
         )
         merged = merged.merge(
             ref[["snippet_id", "ref_loss"]], on="snippet_id", how="inner", validate="one_to_one"

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mia_ray.data.snippets import text_key
 from mia_ray.errors import MiaError
 from mia_ray.keys import fingerprint
 from mia_ray.log import log
@@ -166,17 +165,16 @@ def per_snippet(ids, scored: pd.DataFrame, tag: str, n: int, column: str) -> lis
     return [[by_id[f"{sid}#{tag}{j}"] for j in range(n)] for sid in ids]
 
 
-def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path, fp_snip: str,
+def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
                prefixes: dict[str, str], seconds: dict[str, float],
                label: str = "") -> dict[str, list]:  # fmt: skip
     """The columns of every pass in ``need`` beyond the target and reference, for the
     snippets of ``merged`` (its rows' order), by ``SnippetStats`` field name; each pass's
     wall seconds in this run go to ``seconds`` (0 when its stage was reused); ``label``
     prefixes the passes' names in the progress log (the reference's passes)."""
-    from mia_ray.scoring.pools import score_pool, scorer_key
+    from mia_ray.scoring.pools import score_pool
 
     a, rows_dir = cfg.attack, out / "rows"
-    key = scorer_key(cfg.model, cfg.resources)
     scored = merged[["snippet_id", "text"]]
     ids = merged["snippet_id"].tolist()
     extra: dict[str, list] = {}
@@ -187,16 +185,16 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         seconds[name] = round(now - clock[0], 2)
         clock[0] = now
 
-    def pool(rows, name: str, fp, **kw) -> pd.DataFrame:
+    def pool(rows, name: str, **kw) -> pd.DataFrame:
         log(f"pass {label}{name}: {len(rows)} rows through {cfg.model.name_or_path}")
         return score_pool(rows, cfg.model, cfg.resources, cfg.model.name_or_path, "", False,
-                          kw.pop("full", False), rows_dir / name, fp, f"{label}{name}", **kw)  # fmt: skip
+                          kw.pop("full", False), rows_dir / name, f"{label}{name}", **kw)  # fmt: skip
 
     for name, column, field in (("recall", "non", "recall_loss"),
                                 ("recall_member", "member", "member_loss")):  # fmt: skip
         if name in need:
             text = prefixes[column]
-            got = pool(scored, name, fingerprint(fp_snip, key, text), context=text)
+            got = pool(scored, name, context=text)
             extra[field] = got.set_index("snippet_id").loc[ids, "loss"].tolist()
             short = int((got["context_tokens"] == 0).sum())
             if short:
@@ -219,7 +217,7 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         nc, lex = a.neighbourhood, Lexicon.from_minilm()
         rows = variant_rows(scored, "nb", lambda sid, t: make_neighbours(
             t, nc.n, lex, seed=f"{a.seed}:{sid}", rate=nc.rate))  # fmt: skip
-        got = pool(rows, "neighbours", fingerprint(text_key(rows), key))
+        got = pool(rows, "neighbours")
         took("neighbours")
         extra["neighbour_losses"] = [
             np.asarray(v) for v in per_snippet(ids, got, "nb", nc.n, "loss")
@@ -231,23 +229,22 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         rows = variant_rows(scored, "aug", lambda sid, t: random_swaps(
             t, pc.copies, pc.swap_share, seed=f"{a.seed}:{sid}"))  # fmt: skip
         # PAC reads the copies' token log-probs only: no vocabulary moments.
-        got = pool(rows, "augment", fingerprint(text_key(rows), key, "logprobs"), full=True,
-                   moments=False)  # fmt: skip
+        got = pool(rows, "augment", full=True, moments=False)
         lps = per_snippet(ids, got, "aug", pc.copies, "token_logprobs")
         extra["augment_logprobs"] = [tuple(np.asarray(x) for x in v) for v in lps]
         took("augment")
     if "samples" in need:
-        got = sampled(cfg, scored, out, fp_snip).set_index("snippet_id")
+        got = sampled(cfg, scored, out).set_index("snippet_id")
         extra["samples"] = [tuple(json.loads(v)) for v in got.loc[ids, "samples"]]
         took("samples")
     if "gradient" in need:
-        got = pool(scored, "gradient", fingerprint(fp_snip, key, "grad"), grad_norm=True)
+        got = pool(scored, "gradient", grad_norm=True)
         extra["grad_norm"] = got.set_index("snippet_id").loc[ids, "grad_norm"].tolist()
         took("gradient")
     return extra
 
 
-def sampled(cfg, scored: pd.DataFrame, out: Path, fp_snip: str) -> pd.DataFrame:
+def sampled(cfg, scored: pd.DataFrame, out: Path) -> pd.DataFrame:
     """SaMIA's samples (``snippet_id``, ``samples``) from a pool of Continuations actors over
     the target (loaded in each actor), an API, or the target behind ``mia-ray serve``; a
     parts stage keyed by the texts, the model (or the API's URL and model name) and every
@@ -264,9 +261,8 @@ def sampled(cfg, scored: pd.DataFrame, out: Path, fp_snip: str) -> pd.DataFrame:
     sc, res, b = cfg.attack.samia, cfg.resources, cfg.attack.samia.backend
     local = b.kind == "local" or b.serve
     ident = scorer_key(cfg.model, res) if local else f"{b.base_url}|{b.model}"
-    key = fingerprint(fp_snip, ident, to_dict(sc), cfg.attack.seed)
     spec = {**to_dict(b), "model": b.model or cfg.model.name_or_path,
-            "torch_threads": res.torch_threads,
+            "torch_threads": res.scorer.torch_threads,
             "cache_dir": str(out / "backend-cache") if not local else ""}  # fmt: skip
     stop = None
     if b.serve:
@@ -279,9 +275,9 @@ def sampled(cfg, scored: pd.DataFrame, out: Path, fp_snip: str) -> pd.DataFrame:
         spec["model"] = cfg.model.name_or_path
     if spec["kind"] == "local":
         spec["model"] = storage.stage(spec["model"])
-        opts = ray_options(res, res.cpus_per_actor, res.gpus_per_actor)
+        opts = ray_options(res, res.scorer.cpus, res.scorer.gpus)
     else:  # an API client: on the driver's node, where its cache and a served port are
-        opts = {"num_cpus": res.cpus_per_actor, "num_gpus": 0, **storage.node_affinity()}
+        opts = {"num_cpus": res.scorer.cpus, "num_gpus": 0, **storage.node_affinity()}
     kwargs = {"spec": spec, "n": sc.samples, "ratio": sc.prefix_ratio, "temperature": sc.temperature,
               "top_k": sc.top_k, "max_tokens": sc.max_tokens, "seed": cfg.attack.seed,
               "tokenizer": cfg.model.name_or_path if b.serve else ""}  # fmt: skip
@@ -289,12 +285,15 @@ def sampled(cfg, scored: pd.DataFrame, out: Path, fp_snip: str) -> pd.DataFrame:
     def mapper(todo):
         return todo.map_batches(Continuations, fn_constructor_kwargs=kwargs, batch_size=None,
                                 batch_format="pandas",
-                                compute=ray.data.ActorPoolStrategy(size=res.scorer_actors), **opts)  # fmt: skip
+                                compute=ray.data.ActorPoolStrategy(size=res.scorer.actors), **opts)  # fmt: skip
 
     log(f"pass samples: {sc.samples} continuations of each of {len(scored)} snippets "
         f"through the {spec['kind']} backend")  # fmt: skip
     try:
-        return parts_stage(out, "rows/samples", key, scored, mapper, cfg.model.batch_size)
+        inputs = {"model": ident, "max_length": cfg.model.max_length, "samia": to_dict(sc),
+                  "seed": cfg.attack.seed}  # fmt: skip
+        return parts_stage(out, "rows/samples", scored, mapper, cfg.model.batch_size,
+                           inputs=inputs)  # fmt: skip
     finally:
         if stop is not None:
             stop()

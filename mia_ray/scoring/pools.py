@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 
 def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, full: bool,
                   context: str = "", grad_norm: bool = False, moments: bool = True):  # fmt: skip
@@ -20,7 +18,7 @@ def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, 
     from mia_ray.actors.scorer import Scorer
     from mia_ray.runtime import ray_options
 
-    threads = res_cfg.torch_threads or max(1, int(np.ceil(res_cfg.cpus_per_actor)))
+    role = res_cfg.scorer
     # A model folder of the driver reaches the actors through storage (a no-op on one node).
     # Lost actors (a node that dies) are restarted and their batches retried by Ray Data's
     # own defaults for actor pools (max_restarts=-1, max_task_retries=-1): nothing to set.
@@ -37,7 +35,7 @@ def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, 
                 "revision": model_cfg.revision if prefix == "" else "",
                 "gguf_file": model_cfg.gguf_file if prefix == "" else "",
                 "trust_remote_code": model_cfg.trust_remote_code,
-                "torch_threads": threads,
+                "torch_threads": role.threads(),
                 "lowercase": lowercase,
                 "token_stats": full,
                 "prefix": prefix,
@@ -47,8 +45,8 @@ def scorer_mapper(model_cfg, res_cfg, model: str, prefix: str, lowercase: bool, 
             },
             batch_size=None,
             batch_format="pandas",
-            compute=ray.data.ActorPoolStrategy(size=res_cfg.scorer_actors),
-            **ray_options(res_cfg, res_cfg.cpus_per_actor, res_cfg.gpus_per_actor),
+            compute=ray.data.ActorPoolStrategy(size=role.actors),
+            **ray_options(res_cfg, role.cpus, role.gpus),
         )
 
     return mapper
@@ -63,18 +61,27 @@ def score_pool(
     lowercase: bool,
     full: bool,
     out_dir: Path,
-    fp: str,
     what: str = "",
     **passes,
 ):
     """Stream snippets (pandas: snippet_id, text) through one Scorer pool into the ``parts``
-    stage ``out_dir`` keyed ``fp`` (``stages.parts_stage``: resumable); ``passes``: the
-    Scorer's ``context``, ``grad_norm`` or ``moments``."""
+    stage ``out_dir`` (``stages.parts_stage``: resumable); ``passes``: the Scorer's
+    ``context``, ``grad_norm`` or ``moments``. The stage's key is derived here from all that
+    decides the numbers: the snippets by content, the model by :func:`scorer_key`, its
+    window and batch size, and every option the actors are given."""
     from mia_ray.stages import parts_stage
 
+    inputs = {
+        "model": scorer_key(model_cfg, res_cfg, model),
+        "max_length": model_cfg.max_length,
+        "prefix": prefix,
+        "lowercase": lowercase,
+        "full": full,
+        "passes": passes,
+    }
     mapper = scorer_mapper(model_cfg, res_cfg, model, prefix, lowercase, full, **passes)
-    return parts_stage(out_dir.parent, out_dir.name, fp, snippets, mapper, model_cfg.batch_size,
-                       what=what)  # fmt: skip
+    return parts_stage(out_dir.parent, out_dir.name, snippets, mapper, model_cfg.batch_size,
+                       inputs=inputs, what=what)  # fmt: skip
 
 
 def scorer_key(model_cfg, res_cfg, name: str | None = None) -> str:
@@ -82,4 +89,4 @@ def scorer_key(model_cfg, res_cfg, name: str | None = None) -> str:
     GPU turns ``dtype: auto`` into bfloat16 (see ``models.identity``)."""
     from mia_ray.models.identity import model_key
 
-    return model_key(model_cfg, res_cfg.gpus_per_actor > 0, name)
+    return model_key(model_cfg, res_cfg.scorer.gpus > 0, name)

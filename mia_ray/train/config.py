@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mia_ray.config import check_at_least_1, check_cpus_gpus
+from mia_ray.config import check_at_least_1
 from mia_ray.errors import MiaError
 from mia_ray.models.prompt import DEFAULT_TEMPLATE
 
@@ -76,8 +76,7 @@ class HunterConfig:
     max_x_tokens: int = 64
     sample_top_k: int = 48  # extraction: prompts sampled from the hunter's top-k ...
     sample_temperature: float = 1.0  # ... at this temperature, one per trial
-    train_cpus: float = 1.0  # the LoRA fine-tune of each iteration is a Ray task
-    train_gpus: float = 0.0
+    # (resources.trainer: the LoRA fine-tune of each iteration, a Ray task.)
     seed: int = 0
 
     def validate(self) -> None:
@@ -89,4 +88,3 @@ class HunterConfig:
         if self.pool_size < 1 or self.epochs < 1 or self.lr <= 0 or self.sample_top_k < 1:
             raise MiaError("hunter.pool_size, epochs, lr and sample_top_k must be positive")
         check_at_least_1({"hunter.batch_size": self.batch_size})
-        check_cpus_gpus("hunter", self.train_cpus, self.train_gpus, "")

@@ -194,7 +194,7 @@ def train_hunter(
     from mia_ray.stages import folder_stage, frame_stage
 
     # What shapes the training, not where it runs or how extraction samples later.
-    skip = ("train_cpus", "train_gpus", "sample_top_k", "sample_temperature")
+    skip = ("sample_top_k", "sample_temperature")
     recipe = {k: v for k, v in asdict(spec).items() if k not in skip}
     key = fingerprint(recipe, sorted(pairs["pair_id"]), identity)
 

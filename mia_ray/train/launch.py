@@ -3,7 +3,7 @@
 Every member (MC dropout, BLoB, each ensemble member, for every experiment) is one trial of
 one Tune run. A member that finished before (its stage marker carries the same
 fingerprint) is not launched again, so rerunning the command retrains nothing. With
-``train_workers > 1`` a trial trains its member with Ray Train's ``TorchTrainer`` (HF Trainer
+``resources.trainer.workers > 1`` a trial trains its member with Ray Train's ``TorchTrainer`` (HF Trainer
 prepared for data parallelism; DeepSpeed ZeRO comes from the member's config).
 
 The grid itself, Ctrl-C included, is :func:`mia_ray.grid.run_grid`'s, as every grid's.

@@ -40,7 +40,7 @@ CONFIG = [
     "--set", "uncertainty.samplers=[mcd,ensemble]", "--set", "uncertainty.ensemble_size=2",
     "--set", "uncertainty.n_samples=4",
     # one sampler actor per ensemble member, SPREAD over the nodes by a placement group
-    "--set", "uncertainty.placement=members", "--set", "uncertainty.cpus_per_actor=0.5",
+    "--set", "uncertainty.placement=members", "--set", "resources.sampler.cpus=0.5",
     "--set", "data.snippet_size=48", "--set", "data.max_snippets_per_doc=2",
     "--set", "finetune.max_length=128", "--set", "finetune.lr=1e-3",
     "--set", "detect.baselines=[]",
@@ -270,7 +270,7 @@ def test_a_deepspeed_zero2_member_on_two_workers(cluster, world):
     args = _args(
         world, out, *ON_WORKERS,
         "--set", f"resources.storage={storage}", "--set", "uncertainty.samplers=[mcd]",
-        "--set", "uncertainty.train_workers=2", "--set", "uncertainty.train_cpus=1.5",
+        "--set", "resources.trainer.workers=2", "--set", "resources.trainer.cpus=1.5",
         "--set", "finetune.deepspeed=jobs/deepspeed_zero2.json",
     )  # fmt: skip
     r = cluster.run_driver(args, timeout=900)

@@ -44,8 +44,8 @@ SINGLE = [
 SWEEP = [
     "--set", "world.target=", "--set", 'sweep.datasets=["@world:books", "@world:web"]',
     "--set", 'sweep.models=["@world:tiny"]', "--set", 'dataset_test.proxy="@target"',
-    "--set", "resources.cpus_per_actor=0.5", "--set", "hunter.train_cpus=0.5",
-    "--set", "resources.torch_threads=1",
+    "--set", "resources.scorer.cpus=0.5", "--set", "resources.trainer.cpus=0.5",
+    "--set", "resources.scorer.torch_threads=1",
 ]  # fmt: skip
 # Model actors and fine-tunes on the workers only (they hold 100 "mia_worker" each).
 ON_WORKERS = ["--set", "resources.custom_resources={mia_worker: 1}"]

@@ -73,16 +73,24 @@ def test_loss_finds_members_of_a_memorising_target(tiny_run):
 
 def test_interrupted_scoring_resumes_with_identical_numbers(tmp_path, test_world, tiny_run, capsys):
     out, report = tiny_run
+    before = pd.read_parquet(out / "snippet_scores.parquet")
     parts = sorted((out / "rows" / "target").glob("part-*.parquet"))
     assert len(parts) >= 2
-    lost = len(pd.read_parquet(parts[-1]))
+    last = pd.read_parquet(parts[-1])
     total = sum(len(pd.read_parquet(p)) for p in parts)
-    parts[-1].unlink()  # as if the run had stopped before its last part was written
+    # As if the run had stopped with its last part half written, cutting a model batch: the
+    # resumed pass scores that batch again whole, so its rows keep their batch mates.
+    kept = len(last) // 2 + 1
+    last.iloc[:kept].to_parquet(parts[-1])
     code = main(_args(test_world, "tiny", out))
     assert code == 0
-    assert f"target: reusing {total - lost} of {total} rows" in capsys.readouterr().err
+    assert f"target: reusing {total - len(last) + kept} of {total} rows" in capsys.readouterr().err
     again = json.loads((out / "report.json").read_text())
     assert again["metrics"] == report["metrics"]
+    # Every snippet's every score to the last bit.
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(out / "snippet_scores.parquet"), before, check_exact=True
+    )
 
 
 def test_no_signal_invented_on_an_untrained_model(tmp_path, ray_local, test_world):

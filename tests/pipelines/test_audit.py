@@ -18,7 +18,7 @@ from mia_ray.pipelines.audit.config import AuditJobConfig
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SETTINGS = [
     "--set", "data.snippet_unit=words", "--set", "data.snippet_size=64",
-    "--set", "model.max_length=128", "--set", "resources.torch_threads=1",
+    "--set", "model.max_length=128", "--set", "resources.scorer.torch_threads=1",
     "--set", "audit.fdr=0.1",
 ]  # fmt: skip  # the snapshot's 64-word snippets; the default (the window) below
 # The audit's default: snippets of the models' window in tokens, less ReCaLL's room (the test

@@ -28,7 +28,8 @@ def _audit_cfg(tmp_path, methods, **model):
     cfg.model.reference = str(tmp_path / "ref")
     cfg.model.max_length = 128
     cfg.model.dtype, cfg.model.batch_size = "float32", 4
-    cfg.resources.cpus_per_actor, cfg.resources.torch_threads = 0.5, 1
+    cfg.resources.scorer.cpus, cfg.resources.scorer.torch_threads = 0.5, 1
+    cfg.resources.sampler.cpus = cfg.resources.trainer.cpus = 0.25
     for k, v in model.items():
         setattr(cfg.model, k, v)
     cfg.validate()
@@ -46,7 +47,8 @@ def test_copycheck_audits_the_same_folders_with_the_same_model(tmp_path):
     assert sub.data.labels == cfg.data.labels and sub.world.target == ""
     # The model's usable context (model.max_length) caps CopyCheck's prompt.
     assert sub.finetune.max_length == 128 < FinetuneConfig.max_length
-    assert sub.uncertainty.cpus_per_actor == sub.uncertainty.train_cpus == 0.5
+    # One resources section per role, handed over whole: samplers and fine-tunes as asked.
+    assert (sub.resources.sampler.cpus, sub.resources.trainer.cpus) == (0.25, 0.25)
     # Labels score the verdicts: the cheap Prob-Tool baseline; without labels none (their
     # rows are only reported when labels score them).
     assert sub.detect.baselines == ["prob_tool"]
@@ -112,12 +114,12 @@ def test_a_method_the_audit_cannot_serve_fails_naming_it(tmp_path, methods, chan
 
 def test_an_invalid_sub_config_fails_with_its_own_message_prefixed(tmp_path):
     cfg = _audit_cfg(tmp_path, ["copycheck"])
-    cfg.resources.scorer_actors = 0  # the audit's validate is not called again here
+    cfg.resources.scorer.actors = 0  # the audit's validate is not called again here
     with pytest.raises(MiaError) as err:
         method_configs(cfg)
     assert (
         str(err.value)
-        == "audit.methods copycheck: resources.scorer_actors must be at least 1, not 0"
+        == "audit.methods copycheck: resources.scorer.actors must be at least 1, not 0"
     )
 
 
@@ -173,7 +175,7 @@ def _world_cfg(folders, methods) -> AuditJobConfig:
     cfg.data.snippet_size, cfg.data.max_snippets_per_doc = 48, 2
     cfg.model.name_or_path, cfg.model.reference = str(models / "tiny"), str(models / "tiny-ref")
     cfg.model.max_length = 128  # the test world's tiny has 128 positions
-    cfg.resources.torch_threads = 1
+    cfg.resources.scorer.torch_threads = 1
     cfg.validate()
     return cfg
 

@@ -199,7 +199,7 @@ def test_one_actor_per_member_in_a_placement_group_gives_the_same_predictions(ru
     cfg = load_config(
         CopyCheckJobConfig,
         "jobs/copycheck_demo.yaml",
-        [*sets, "uncertainty.placement=members", "uncertainty.cpus_per_actor=0.3"],
+        [*sets, "uncertainty.placement=members", "resources.sampler.cpus=0.3"],
     )
     cfg = cc.resolve(cfg)
     docs, exps = cc.experiments_of(cfg)
@@ -229,7 +229,7 @@ def test_members_placement_that_would_starve_ray_data_fails_clearly(ray_local):
     cfg = load_config(
         CopyCheckJobConfig,
         "jobs/copycheck_demo.yaml",
-        ["uncertainty.placement=members", "uncertainty.cpus_per_actor=0.5"],
+        ["uncertainty.placement=members", "resources.sampler.cpus=0.5"],
     )
     members = [f"ens-{i}" for i in range(4)]
     with pytest.raises(MiaError, match=r"would reserve 4 x 0.5 of the cluster's 2 CPUs"):
@@ -274,7 +274,7 @@ def test_every_cache_is_keyed_on_the_model_by_content_and_the_options(
     # The same weights at another path are the same model: nothing to retrain ...
     assert all(finished(j) for j in jobs(config(model=moved)))
     # ... while a dtype or a training option that changes the numbers retrains every member.
-    for change in ("model.dtype=bfloat16", "finetune.warmup_ratio=0.1", "uncertainty.train_workers=2"):  # fmt: skip
+    for change in ("model.dtype=bfloat16", "finetune.warmup_ratio=0.1", "resources.trainer.workers=2"):  # fmt: skip
         assert not any(finished(j) for j in jobs(config(change)))
     # A ZeRO config is keyed by its content: edited in place, it gives new members.
     zero = tmp_path / "zero.json"

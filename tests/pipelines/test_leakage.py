@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.ray]
 EVAL = [
     "--set", 'eval.targets=["@world:smollm2-crawl", "@world:smollm2-base"]',
     "--set", "eval.shots=2", "--set", "eval.few_shot_curve=[0,2]", "--set", "eval.instances=6",
-    "--set", "resources.cpus_per_actor=1",
+    "--set", "resources.scorer.cpus=1",
 ]  # fmt: skip
 
 

@@ -222,8 +222,8 @@ def test_sweep_runs_every_cell_once_and_a_rerun_skips_them(tmp_path, ray_local, 
         # The demo job's suspects name smollm2-control, which the test world does not build.
         "--set", 'dataset_test.suspects=["@target"]',
         # Half a CPU per actor and fine-tune: two cells fit side by side on 2 CPUs.
-        "--set", "resources.cpus_per_actor=0.5", "--set", "hunter.train_cpus=0.5",
-        "--set", "resources.torch_threads=1",
+        "--set", "resources.scorer.cpus=0.5", "--set", "resources.trainer.cpus=0.5",
+        "--set", "resources.scorer.torch_threads=1",
         "--out", str(out),
     ]  # fmt: skip
     assert main(args) == 0
@@ -275,7 +275,7 @@ def test_sweep_runs_every_cell_once_and_a_rerun_skips_them(tmp_path, ray_local, 
 def test_target_actors_that_leave_no_cpu_for_the_fine_tune_fail_clearly(
     tmp_path, ray_local, test_world, capsys
 ):
-    code = main(_args(test_world, tmp_path / "r", "--set", "resources.scorer_actors=2"))
+    code = main(_args(test_world, tmp_path / "r", "--set", "resources.scorer.actors=2"))
     assert code != 0
     err = capsys.readouterr().err
     assert "2 target actors x 1 CPUs + the hunter's fine-tune (1) need 3 CPUs, but Ray has 2" in err

@@ -68,16 +68,12 @@ def _shared(cfg: AuditJobConfig, *names: str) -> dict[str, Any]:
 
 
 def _copycheck(cfg: AuditJobConfig) -> Any:
-    res, m = cfg.resources, cfg.model
+    m = cfg.model
     sub = _job("copycheck", {
         **_shared(cfg, "data", "model", "resources"),
         "experiment": {"mode": "audit", "suspected": cfg.audit.suspected,
                        "unseen": cfg.audit.unseen},
-        "uncertainty": {
-            "sampler_actors": res.scorer_actors, "cpus_per_actor": res.cpus_per_actor,
-            "gpus_per_actor": res.gpus_per_actor, "batch_size": m.batch_size,
-            "train_cpus": res.cpus_per_actor, "train_gpus": res.gpus_per_actor,
-        },
+        "uncertainty": {"batch_size": m.batch_size},
         "detect": {"baselines": ["prob_tool"] if cfg.data.labels else []},
         "backend": {"device": m.device, "dtype": m.dtype},
     })  # fmt: skip
@@ -91,14 +87,12 @@ def _memhunter(cfg: AuditJobConfig) -> Any:
             "needs model.reference (--reference): its dataset test compares the model with one "
             "that surely never saw the suspected files, and that model writes the prompts"
         )
-    res = cfg.resources
     sections = _shared(cfg, "data", "model", "resources")
     sections["data"].update(path=cfg.audit.suspected, labels="", max_docs_per_class=0,
                             min_docs_per_class=MEMHUNTER_MIN_DOCS)  # fmt: skip
     return _job("memhunter", {
         **sections,
-        "hunter": {"model": cfg.model.reference, "train_cpus": res.cpus_per_actor,
-                   "train_gpus": res.gpus_per_actor},
+        "hunter": {"model": cfg.model.reference},
         "extraction": {"splits": ["test", "nonmember"], "methods": ["manual"]},
     })  # fmt: skip
 
@@ -110,7 +104,7 @@ def _leakage(cfg: AuditJobConfig) -> Any:
         **_shared(cfg, "resources"),
         "crawl": {"shards": [cfg.audit.suspected] if cfg.audit.suspected else [],
                   "text_field": cfg.data.text_field, "id_field": cfg.data.id_field},
-        "scan": {"workers": res.scorer_actors, "cpus_per_worker": res.cpus_per_actor},
+        "scan": {"workers": res.scorer.actors, "cpus_per_worker": res.scorer.cpus},
         "backend": {"kind": "local", "device": m.device, "dtype": m.dtype,
                     "batch_size": m.batch_size},
         "eval": {"targets": [m.name_or_path] if loadable and m.name_or_path else [],

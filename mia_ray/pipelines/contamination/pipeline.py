@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import check_target_early, fingerprint, log, world_copy
+from mia_ray.pipelines.common import check_target_early, log, world_copy
 from mia_ray.pipelines.contamination.config import ContaminationJobConfig
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
@@ -98,7 +98,7 @@ def shard_loglik(cfg: ContaminationJobConfig, examples: list[str], shards, out: 
     """(shards, 1 + permutations) log-likelihoods under the model (``reference``: under
     ``model.reference``): per shard its published order first, then its shuffles (the Scorer
     pool's plain pass, a resumable stage)."""
-    from mia_ray.scoring.pools import score_pool, scorer_key
+    from mia_ray.scoring.pools import score_pool
 
     c, m = cfg.contamination, cfg.model
     name, prefix = (m.reference, "ref_") if reference else (m.name_or_path, "")
@@ -112,9 +112,8 @@ def shard_loglik(cfg: ContaminationJobConfig, examples: list[str], shards, out: 
     )
     log(f"{len(examples)} examples in {len(shards)} shards, each against {c.permutations} "
         f"shuffles: {len(rows)} texts{' under the reference model' if reference else ''}")  # fmt: skip
-    fp = fingerprint("order-test", rows["text"].tolist(), scorer_key(m, cfg.resources, name))
     scored = score_pool(rows, m, cfg.resources, name, prefix, False, False,
-                        out / "rows" / f"{prefix}orders", fp, what="orderings")  # fmt: skip
+                        out / "rows" / f"{prefix}orders", what="orderings")  # fmt: skip
     scored = scored.set_index("snippet_id").loc[rows["snippet_id"]]
     # Log-likelihood of every scored token: orders of the same examples may tokenize to a
     # slightly different count, so the total, not the mean.

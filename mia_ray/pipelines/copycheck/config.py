@@ -13,7 +13,6 @@ from mia_ray.config import (
     ResourcesConfig,
     WorldConfig,
     check_at_least_1,
-    check_cpus_gpus,
     hint,
 )
 from mia_ray.errors import MiaError
@@ -33,14 +32,9 @@ class UncertaintyConfig:
     # members: one actor per member, its bundle placed by a placement group (big models).
     placement: str = "adapters"
     placement_strategy: str = "SPREAD"  # for placement=members: PACK | SPREAD | STRICT_SPREAD
-    sampler_actors: int = 1  # per sampler (placement=adapters)
-    cpus_per_actor: float = 1.0
-    gpus_per_actor: float = 0.0
+    # (resources.sampler: the samplers' actors, per sampler with placement=adapters;
+    # resources.trainer: the members' fine-tunes.)
     batch_size: int = 8
-    train_cpus: float = 1.0  # per fine-tuning trial
-    train_gpus: float = 0.0
-    train_workers: int = 1  # >1: a member trains on several workers with Ray Train
-    max_concurrent_trials: int = 0  # 0 = as many as the resources allow
     eps: float = 1e-6  # probability clip inside logs
     # MC dropout at sampling time: "all" switches on every dropout of the model (model.train(),
     # as the CopyCheck and BLoB reference code do); "lora" only the LoRA layers' dropout.
@@ -66,15 +60,7 @@ class UncertaintyConfig:
             )
         if self.n_samples < 2 or self.ensemble_size < 2:
             raise MiaError("uncertainty.n_samples and uncertainty.ensemble_size must be at least 2")
-        check_at_least_1(
-            {
-                "uncertainty.batch_size": self.batch_size,
-                "uncertainty.sampler_actors": self.sampler_actors,
-                "uncertainty.train_workers": self.train_workers,
-            }
-        )
-        check_cpus_gpus("uncertainty", self.cpus_per_actor, self.gpus_per_actor, "_per_actor")
-        check_cpus_gpus("uncertainty", self.train_cpus, self.train_gpus, "")
+        check_at_least_1({"uncertainty.batch_size": self.batch_size})
 
 
 @dataclass

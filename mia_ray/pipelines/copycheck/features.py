@@ -8,9 +8,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mia_ray.data.snippets import text_key
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import fingerprint, log
+from mia_ray.pipelines.common import log
 from mia_ray.pipelines.copycheck.inputs import read_side, snippets_for
 
 
@@ -38,7 +37,6 @@ def score_target(
     ``scored``: rows the caller already scored with this very ``cfg.model`` (text plus the
     Scorer's columns, token statistics included); snippets with one of those texts are not
     scored again, so a pass over the same snippets is the only one."""
-    from mia_ray.models.identity import model_key
     from mia_ray.scoring.pools import score_pool
 
     rows = rows[["snippet_id", "text"]].reset_index(drop=True)
@@ -53,12 +51,8 @@ def score_target(
             log(f"{len(known)} snippets' target scores reused from the caller's pass")
         if not len(rows):
             return known.reset_index(drop=True)
-    # Keyed on the target by content (weights, tokenizer), dtype, device and the options.
-    key = model_key(cfg.model, cfg.resources.gpus_per_actor > 0)
-    fp = fingerprint(text_key(rows), key, cfg.model.max_length, token_stats)
-    # (score_pool stages the target for Scorer actors on any node; the key is its content.)
     new = score_pool(
-        rows, cfg.model, cfg.resources, cfg.model.name_or_path, "", False, token_stats, out_dir, fp
+        rows, cfg.model, cfg.resources, cfg.model.name_or_path, "", False, token_stats, out_dir
     )
     return pd.concat([known, new], ignore_index=True) if len(known) else new
 

@@ -37,7 +37,7 @@ def sample_experiment(
         path = Path(ex_jobs[m]["out_dir"]) / "adapter"
         return ws.url(path) if ws is not None else str(path)
 
-    threads = max(1, int(np.ceil(uc.cpus_per_actor)))
+    threads = cfg.resources.sampler.threads()
     common = {
         "base": cfg.model.name_or_path,
         "n_samples": uc.n_samples,
@@ -60,14 +60,13 @@ def sample_experiment(
         col = f"p_{sampler}"
         # The members' fingerprints carry the base model's content key and the recipe.
         own = {"mc_dropout": uc.mc_dropout} if sampler == "mcd" else {}
-        fp = fingerprint(
-            text_key(sus),
-            [ex_jobs[m]["fingerprint"] for m in members],
-            common,
-            uc.placement,
-            own,
-            uc.gpus_per_actor > 0,
-        )
+        inputs = {
+            "members": [ex_jobs[m]["fingerprint"] for m in members],
+            "sampler": common,
+            "placement": uc.placement,
+            "own": own,
+            "gpu": cfg.resources.sampler.gpus > 0,
+        }
         # The actors load the base where Ray places them (after the key: it is the same model).
         actor_kwargs = {**common, "base": storage.stage(cfg.model.name_or_path)}
 
@@ -88,15 +87,17 @@ def sample_experiment(
                     },
                     batch_size=None,  # whole blocks of whole model batches (model_blocks)
                     batch_format="pandas",
-                    compute=ray.data.ActorPoolStrategy(size=uc.sampler_actors),
-                    **ray_options(cfg.resources, uc.cpus_per_actor, uc.gpus_per_actor),
+                    compute=ray.data.ActorPoolStrategy(size=cfg.resources.sampler.actors),
+                    **ray_options(
+                        cfg.resources, cfg.resources.sampler.cpus, cfg.resources.sampler.gpus
+                    ),
                 ).select_columns(["snippet_id", col])
 
         log(f"{e['name']}: sampling {sampler} on {len(sus)} suspected snippets")
         try:
             got = parts_stage(
-                out, f"samples/{e['name']}/{sampler}", fp, rows, mapper, uc.batch_size,
-                what=f"{e['name']}/{sampler}",
+                out, f"samples/{e['name']}/{sampler}", rows, mapper, uc.batch_size,
+                inputs=inputs, what=f"{e['name']}/{sampler}",
             )  # fmt: skip
         finally:
             if pg is not None:  # the reserved bundles go back to the cluster
@@ -113,7 +114,7 @@ def blackbox_spec(cfg: CopyCheckJobConfig, out: Path) -> dict[str, Any]:
     b = cfg.backend
     # A local or served model is ours to identify by content; a remote API's is not. `serve`
     # serves model.name_or_path under the API name backend.model; `local` loads backend.model.
-    accel = cfg.uncertainty.gpus_per_actor > 0
+    accel = cfg.resources.sampler.gpus > 0
     key = ""
     if b.serve:
         key = model_key(cfg.model, accel)
@@ -123,7 +124,7 @@ def blackbox_spec(cfg: CopyCheckJobConfig, out: Path) -> dict[str, Any]:
         **to_dict(b),
         "model": b.model or cfg.model.name_or_path,
         "model_key": key,
-        "torch_threads": max(1, int(np.ceil(cfg.uncertainty.cpus_per_actor))),
+        "torch_threads": cfg.resources.sampler.threads(),
         "cache_dir": str(out / "backend-cache") if b.kind == "openai" else "",
         # A served model's port changes from run to run; its answers stay the model's, keyed
         # by its weights' content (new weights at the same path are asked afresh).
@@ -195,13 +196,12 @@ def _ask_blackbox(cfg: CopyCheckJobConfig, spec: dict, sus: pd.DataFrame) -> pd.
     log(
         f"blackbox: {len(sus)} snippets x {len(BLACKBOX_PROMPTS)} prompts via {spec['kind']} ({where})"
     )
-    uc = cfg.uncertainty
     if spec["kind"] == "openai":
         # An API client that keeps its cache in --out, and may ask a server on the driver's
         # loopback (backend.serve): it runs on the driver's node.
-        opts = {"num_cpus": uc.cpus_per_actor, "num_gpus": 0, **storage.node_affinity()}
+        opts = {"num_cpus": cfg.resources.sampler.cpus, "num_gpus": 0, **storage.node_affinity()}
     else:  # a local model, loaded where Ray places the actor
-        opts = ray_options(cfg.resources, uc.cpus_per_actor, uc.gpus_per_actor)
+        opts = ray_options(cfg.resources, cfg.resources.sampler.cpus, cfg.resources.sampler.gpus)
         spec = {**spec, "model": storage.stage(spec["model"])}
     actor = ray.remote(BackendActor).options(**opts).remote(spec)
     try:
@@ -242,7 +242,7 @@ def members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
     placement group (spread over GPUs and nodes); snippets stream through the 10 stages.
     Returns the mapper and the group, which the caller removes when the sampling is done.
 
-    The group reserves members x cpus_per_actor CPUs for the whole sampling; Ray Data's own
+    The group reserves members x resources.sampler.cpus CPUs for the whole sampling; Ray Data's own
     tasks need what is left, so leave at least one CPU outside it."""
     import ray
     from ray.util.placement_group import placement_group
@@ -252,19 +252,19 @@ def members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
     from mia_ray.actors.sampler import Sampler
 
     uc = cfg.uncertainty
-    opts = ray_options(cfg.resources, uc.cpus_per_actor, uc.gpus_per_actor)
+    opts = ray_options(cfg.resources, cfg.resources.sampler.cpus, cfg.resources.sampler.gpus)
     # An actor placed in a bundle asks only for what the bundle holds: custom resources too.
     bundle = (
-        {"CPU": uc.cpus_per_actor}
-        | ({"GPU": uc.gpus_per_actor} if uc.gpus_per_actor else {})
+        {"CPU": cfg.resources.sampler.cpus}
+        | ({"GPU": cfg.resources.sampler.gpus} if cfg.resources.sampler.gpus else {})
         | opts.get("resources", {})
     )
     total = ray.cluster_resources().get("CPU", 0)
-    if total - len(members) * uc.cpus_per_actor < 1:
+    if total - len(members) * cfg.resources.sampler.cpus < 1:
         raise MiaError(
-            f"placement=members would reserve {len(members)} x {uc.cpus_per_actor:g} of the "
+            f"placement=members would reserve {len(members)} x {cfg.resources.sampler.cpus:g} of the "
             f"cluster's {total:g} CPUs, leaving less than one for Ray Data's own tasks; lower "
-            "uncertainty.cpus_per_actor or use uncertainty.placement=adapters"
+            "resources.sampler.cpus or use uncertainty.placement=adapters"
         )
     pg = placement_group([bundle] * len(members), strategy=uc.placement_strategy)
     ready, _ = ray.wait([pg.ready()], timeout=120)
@@ -272,7 +272,7 @@ def members_mapper(cfg, members: list[str], adapter, common: dict, col: str):
         ray.util.remove_placement_group(pg)
         raise MiaError(
             f"cannot place {len(members)} ensemble actors of {bundle} ({uc.placement_strategy}) "
-            "on this cluster; lower uncertainty.cpus_per_actor / gpus_per_actor or use "
+            "on this cluster; lower resources.sampler.cpus / gpus or use "
             "uncertainty.placement=adapters"
         )
     cols = [f"{col}_{i}" for i in range(len(members))]

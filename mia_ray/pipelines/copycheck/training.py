@@ -34,8 +34,7 @@ def finetune_jobs(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFr
     from mia_ray.reports.io import write_parquet
     from mia_ray.train.copycheck import member_seed
 
-    uc = cfg.uncertainty
-    base_key = model_key(cfg.model, uc.train_gpus > 0)
+    base_key = model_key(cfg.model, cfg.resources.trainer.gpus > 0)
     jobs = []
     for e in exps:
         part = snippets[snippets["doc_id"].isin(e["pseudo_label"].keys())].copy()
@@ -65,7 +64,7 @@ def finetune_jobs(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.DataFr
                         member_seed(member, cfg.finetune.seed),
                         spec,
                         base_key,
-                        max(1, uc.train_workers),
+                        cfg.resources.trainer.workers,
                         # A ZeRO config by content, not by its path (no part when unset, so
                         # other members keep their keys).
                         *([Path(spec["deepspeed"]).read_text()] if spec.get("deepspeed") else []),
@@ -79,14 +78,14 @@ def finetune_members(cfg: CopyCheckJobConfig, exps: list[dict], snippets: pd.Dat
     from mia_ray.train.launch import train_members
 
     jobs = finetune_jobs(cfg, exps, snippets, out)
-    uc = cfg.uncertainty
+    tr = cfg.resources.trainer
     records = train_members(
         jobs,
         out / "tune",
-        cpus=uc.train_cpus,
-        gpus=uc.train_gpus,
-        workers=uc.train_workers,
-        max_concurrent=uc.max_concurrent_trials,
+        cpus=tr.cpus,
+        gpus=tr.gpus,
+        workers=tr.workers,
+        max_concurrent=tr.concurrent,
         log=log,
         res_cfg=cfg.resources,
     )

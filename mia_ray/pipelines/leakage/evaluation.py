@@ -55,7 +55,7 @@ def target_key(cfg: LeakageJobConfig, path: str) -> str:
         from mia_ray.models.hf import pick_device
 
         return model_key(b, pick_device(b.device) == "cuda", path)
-    return model_key(b, cfg.resources.gpus_per_actor > 0, path)
+    return model_key(b, cfg.resources.scorer.gpus > 0, path)
 
 
 def resolve_target(cfg: LeakageJobConfig, name: str) -> str:
@@ -281,7 +281,7 @@ def backend_spec(cfg: LeakageJobConfig, path: str, ident: str, out: Path) -> dic
     return {
         **to_dict(b),
         "model": path,
-        "torch_threads": cfg.resources.torch_threads,
+        "torch_threads": cfg.resources.scorer.torch_threads,
         "cache_dir": str(out / "backend-cache") if b.kind == "openai" or b.serve else "",
         # A served model's port changes from run to run; its answers are those of its
         # weights (by content), dtype and device, whatever URL it sat at. A remote API's
@@ -354,11 +354,11 @@ def _evaluate(cfg: LeakageJobConfig, name: str, path: str, ident: str, inst, d: 
     if spec["kind"] == "local":
         # The model loads in the actor, wherever Ray puts it: a driver folder goes by storage.
         spec["model"] = storage.stage(path)
-        opts = ray_options(res, res.cpus_per_actor, res.gpus_per_actor)
+        opts = ray_options(res, res.scorer.cpus, res.scorer.gpus)
     else:
         # An API client holds no model, but its answer cache is in --out and a served
         # model listens on the driver's loopback: it runs on the driver's node.
-        opts = {"num_cpus": res.cpus_per_actor, "num_gpus": 0, **storage.node_affinity()}
+        opts = {"num_cpus": res.scorer.cpus, "num_gpus": 0, **storage.node_affinity()}
     actor = ray.remote(BackendActor).options(**opts).remote(spec)
     try:
         rows = _model_rows(cfg, actor, inst)

@@ -5,14 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from mia_ray.pipelines.common import (
-    fingerprint,
-)
 from mia_ray.pipelines.lumia.config import LumiaJobConfig
-from mia_ray.stages import parts_stage
+from mia_ray.stages import parts_key, parts_stage
 
 
 def extract_activations(
@@ -31,18 +27,16 @@ def extract_activations(
     from mia_ray.scoring.pools import scorer_key
 
     res = cfg.resources
-    threads = res.torch_threads or max(1, int(np.ceil(res.cpus_per_actor)))
-    fp = fingerprint(
-        pd.util.hash_pandas_object(meta[["snippet_id", "text"]], index=False).sum(),
-        len(meta),
+    cols = ["snippet_id", "text"] + (["image"] if "image" in meta else [])
+    rows = meta[cols]
+    inputs = {
         # The model by content (retrained in place = new activations), dtype and device.
-        scorer_key(cfg.model, res),
-        cfg.model.max_length,
-        list(meta["image"]) if "image" in meta else None,
+        "model": scorer_key(cfg.model, res),
+        "max_length": cfg.model.max_length,
         # An image file rewritten under the same name changes the activations too.
-        [tree_sha256(p) for p in meta["image"]] if "image" in meta else None,
-        token_stats,
-    )
+        "images": [tree_sha256(p) for p in meta["image"]] if "image" in meta else None,
+        "token_stats": token_stats,
+    }
 
     # The model folder and the images are on the driver's disk: the readers get the model
     # through storage and each image's bytes, read on the driver's node (on one node: paths).
@@ -63,21 +57,20 @@ def extract_activations(
                 "max_length": cfg.model.max_length,
                 "revision": cfg.model.revision,
                 "trust_remote_code": cfg.model.trust_remote_code,
-                "torch_threads": threads,
+                "torch_threads": res.scorer.threads(),
                 "token_stats": token_stats,
             },
             batch_size=None,  # whole blocks of whole model batches (model_blocks)
             batch_format="pandas",
-            compute=ray.data.ActorPoolStrategy(size=res.scorer_actors),
-            **ray_options(res, res.cpus_per_actor, res.gpus_per_actor),
+            compute=ray.data.ActorPoolStrategy(size=res.scorer.actors),
+            **ray_options(res, res.scorer.cpus, res.scorer.gpus),
         )
 
     t0 = time.time()
-    cols = ["snippet_id", "text"] + (["image"] if "image" in meta else [])
     parts = parts_stage(
-        out, "activations", fp, meta[cols], mapper, cfg.model.batch_size, load=False
+        out, "activations", rows, mapper, cfg.model.batch_size, inputs=inputs, load=False
     )
-    return parts, time.time() - t0, fp
+    return parts, time.time() - t0, parts_key(rows, cfg.model.batch_size, inputs)
 
 
 def read_images(batch: pd.DataFrame) -> pd.DataFrame:

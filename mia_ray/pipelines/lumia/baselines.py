@@ -10,7 +10,6 @@ import pandas as pd
 
 from mia_ray.errors import MiaError
 from mia_ray.pipelines.common import (
-    fingerprint,
     log,
 )
 from mia_ray.pipelines.lumia.config import LumiaJobConfig
@@ -45,7 +44,7 @@ def baselines_of(
     """The classic attacks on the same samples and folds: the target's token statistics from
     the activation pass (``parts``), the reference model's loss from its own Scorer pass."""
     from mia_ray.features.attacks import score_table, stats_from_columns
-    from mia_ray.scoring.pools import score_pool, scorer_key
+    from mia_ray.scoring.pools import score_pool
 
     attacks = baseline_attacks(cfg)
     if not attacks:
@@ -57,15 +56,9 @@ def baselines_of(
     if "ref" in attacks:
         log(f"scoring with reference {cfg.model.reference}")
         texts = meta[["snippet_id", "text"]]
-        fp = fingerprint(
-            pd.util.hash_pandas_object(texts, index=False).sum(),
-            len(texts),
-            cfg.model.max_length,
-            scorer_key(cfg.model, cfg.resources, cfg.model.reference),
-        )
         ref = score_pool(
             texts, cfg.model, cfg.resources, cfg.model.reference, "ref_", False, False,
-            out / "rows" / "reference", fp,
+            out / "rows" / "reference",
         )  # fmt: skip
         m = m.merge(ref[["snippet_id", "ref_loss"]], on="snippet_id", validate="one_to_one")
         ref_loss = m["ref_loss"]

@@ -15,7 +15,7 @@ import pandas as pd
 
 from mia_ray.data.marks import candidates_of, count_in, insert_mark, new_key, published, read_key
 from mia_ray.errors import MiaError
-from mia_ray.pipelines.common import check_target_early, fingerprint, log, world_copy
+from mia_ray.pipelines.common import check_target_early, log, world_copy
 from mia_ray.pipelines.marks.config import MarkJobConfig, VerifyJobConfig
 from mia_ray.registry import pipeline
 from mia_ray.runtime import describe
@@ -134,7 +134,7 @@ def _found(key: dict, files: str, cfg) -> dict[str, dict]:
 def _scores(cfg: VerifyJobConfig, key: dict, out: Path) -> pd.DataFrame:
     """Every candidate of every mark scored under the model (mark_id, candidate, loss): the
     Scorer pool's plain pass, a resumable stage keyed by the key's candidates and the model."""
-    from mia_ray.scoring.pools import score_pool, scorer_key
+    from mia_ray.scoring.pools import score_pool
 
     rows = pd.DataFrame(
         [
@@ -143,10 +143,9 @@ def _scores(cfg: VerifyJobConfig, key: dict, out: Path) -> pd.DataFrame:
             for j, c in enumerate(candidates_of(key, mk["mark_id"]))
         ]
     )
-    fp = fingerprint("marks", key["run_id"], key["check"], scorer_key(cfg.model, cfg.resources))
     log(f"scoring {len(rows)} candidates ({len(key['marks'])} marks x {key['candidates']})")
     scored = score_pool(rows, cfg.model, cfg.resources, cfg.model.name_or_path, "", False, False,
-                        out / "rows" / "candidates", fp, what="candidates")  # fmt: skip
+                        out / "rows" / "candidates", what="candidates")  # fmt: skip
     df = scored[["snippet_id", "loss"]].copy()
     df[["mark_id", "candidate"]] = df["snippet_id"].str.split("/", expand=True)
     df["candidate"] = df["candidate"].astype(int)

@@ -82,10 +82,10 @@ def finetune_key(cfg, which: str, texts: list[str], base: str | None = None) -> 
     base = base or named_model(cfg, d.base)
     if base is None:
         raise MiaError(f"dataset_test.base cannot be {d.base}: fine-tune an existing model")
-    # The fine-tune trains in float32 in a task with hunter.train_gpus: its device is part
+    # The fine-tune trains in float32 in a task with resources.trainer.gpus: its device is part
     # of what it gives (a GPU's kernels round otherwise).
     trains = SimpleNamespace(dtype="float32", device="auto")
-    return fingerprint(which, model_key(trains, cfg.hunter.train_gpus > 0, base), asdict(finetune_spec(d.finetune_epochs,
+    return fingerprint(which, model_key(trains, cfg.resources.trainer.gpus > 0, base), asdict(finetune_spec(d.finetune_epochs,
                        d.finetune_lr)), d.finetune_seed, texts)  # fmt: skip
 
 
@@ -104,10 +104,10 @@ def model_paths(
     paths: dict[str, str] = {}
     # The target actors are gone by now: a fine-tune may take what they and the hunter held.
     res = cfg.resources
-    cpus = max(1, res.scorer_actors) * res.cpus_per_actor + cfg.hunter.train_cpus
+    cpus = res.scorer.actors * res.scorer.cpus + res.trainer.cpus
     threads = max(1, int(cpus))
     task = ray.remote(finetune_model_task).options(
-        **ray_options(res, cpus, cfg.hunter.train_gpus),
+        **ray_options(res, cpus, res.trainer.gpus),
         # Run again elsewhere if its node dies: it writes its temp folder, then storage.
         max_retries=3,
     )

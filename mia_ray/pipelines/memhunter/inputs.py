@@ -79,7 +79,7 @@ def check_resources(cfg: MemHunterJobConfig) -> None:
     or the fine-tune would wait for CPUs forever."""
     import ray
 
-    res, h = cfg.resources, cfg.hunter
+    res = cfg.resources
     total, where = ray.cluster_resources(), "Ray has"
     custom = res.custom_resources
     if custom:  # only the nodes that hold resources.custom_resources take the work
@@ -89,16 +89,14 @@ def check_resources(cfg: MemHunterJobConfig) -> None:
             if n.get("Alive") and all(own.get(k, 0) >= v for k, v in custom.items()):
                 for kind in ("CPU", "GPU"):
                     total[kind] = total.get(kind, 0) + own.get(kind, 0)
-    for kind, per_actor, train in (
-        ("CPU", res.cpus_per_actor, h.train_cpus),
-        ("GPU", res.gpus_per_actor, h.train_gpus),
-    ):
-        need = max(1, res.scorer_actors) * per_actor + train
+    sc, tr = res.scorer, res.trainer
+    for kind, per_actor, train in (("CPU", sc.cpus, tr.cpus), ("GPU", sc.gpus, tr.gpus)):
+        need = sc.actors * per_actor + train
         if need > total.get(kind, 0) + 1e-9:
+            word = "cpus" if kind == "CPU" else "gpus"
             raise MiaError(
-                f"resources: {max(1, res.scorer_actors)} target actors x {per_actor:g} {kind}s + "
+                f"resources: {sc.actors} target actors x {per_actor:g} {kind}s + "
                 f"the hunter's fine-tune ({train:g}) need {need:g} {kind}s, but {where} "
-                f"{total.get(kind, 0):g}: lower resources.scorer_actors, "
-                f"resources.{'cpus' if kind == 'CPU' else 'gpus'}_per_actor or "
-                f"hunter.train_{'cpus' if kind == 'CPU' else 'gpus'}"
+                f"{total.get(kind, 0):g}: lower resources.scorer.actors, "
+                f"resources.scorer.{word} or resources.trainer.{word}"
             )

@@ -18,7 +18,7 @@ SCORING = "context=bos+prompt+x; mu=LCSS/|y| on tokens; loss=mean NLL of y; v2"
 def target_key(cfg: MemHunterJobConfig, path: str | None = None) -> str:
     """A model the target pool loads (the target, or ``path``), by content, with the dtype
     and device it resolves to in the pool's actors."""
-    return model_key(cfg.model, cfg.resources.gpus_per_actor > 0, path)
+    return model_key(cfg.model, cfg.resources.scorer.gpus > 0, path)
 
 
 def hunter_key(cfg: MemHunterJobConfig) -> str:

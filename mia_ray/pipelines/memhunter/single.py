@@ -59,7 +59,7 @@ def run_one(
     check_resources(cfg)
     target = TargetPool(cfg.model.name_or_path, cfg.model, cfg.resources)
     try:
-        threads = cfg.resources.torch_threads or 1
+        threads = cfg.resources.scorer.torch_threads or 1  # the hunter, in this process
         hunter = Hunter(
             h.model,
             device=cfg.model.device,

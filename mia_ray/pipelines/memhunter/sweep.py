@@ -363,10 +363,10 @@ def run_sweep(cfg: MemHunterJobConfig, out: Path) -> dict:
 
     cells = sweep_cells(cfg, out)
     res = cfg.resources
-    per_cell = max(1, res.scorer_actors) * res.cpus_per_actor + cfg.hunter.train_cpus
+    per_cell = res.scorer.actors * res.scorer.cpus + res.trainer.cpus
     total = ray.cluster_resources()
     fit = int(total.get("CPU", 1) // max(per_cell, 1e-9))
-    gpus = max(1, res.scorer_actors) * res.gpus_per_actor + cfg.hunter.train_gpus
+    gpus = res.scorer.actors * res.scorer.gpus + res.trainer.gpus
     if gpus:
         fit = min(fit, int(total.get("GPU", 0) // gpus))
     slots = cell_slots(cfg.sweep.cell_resources)

@@ -6,7 +6,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from mia_ray import storage
@@ -55,12 +54,12 @@ def train_the_hunter(cfg, hunter, target: TargetPool, pairs: pd.DataFrame, out: 
     train = pairs[pairs["split"] == "train"]
     xs = dict(zip(train["pair_id"], train["x"], strict=True))
     task = ray.remote(finetune_task).options(
-        **ray_options(cfg.resources, h.train_cpus, h.train_gpus),
+        **ray_options(cfg.resources, cfg.resources.trainer.cpus, cfg.resources.trainer.gpus),
         # A fine-tune whose node died runs again elsewhere (Ray's retries of system
         # failures): it writes only its own temp folder, then storage, marker last.
         max_retries=3,
     )
-    threads = max(1, int(np.ceil(h.train_cpus)))
+    threads = cfg.resources.trainer.threads()
     ws = storage.workspace_of(out)
 
     def finetune(adapter_in, rows, out_dir, seed):
