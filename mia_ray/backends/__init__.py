@@ -25,8 +25,9 @@ __all__ = [
 
 def from_spec(spec: dict) -> Backend:
     """A backend from a plain dict (``BackendConfig`` fields plus ``model``, ``torch_threads``
-    and ``cache_dir``): ``kind: local`` loads ``model`` here, ``kind: openai`` sends it as
-    the API's model name to ``base_url``."""
+    and ``cache_dir``; ``max_length``, ``seed`` where the caller has them): ``kind: local``
+    loads ``model`` here with transformers, ``kind: vllm`` in vLLM's engine, ``kind: openai``
+    sends it as the API's model name to ``base_url``."""
     if spec["kind"] == "openai":
         from mia_ray.backends.openai_api import OpenAICompletionsBackend
 
@@ -35,6 +36,14 @@ def from_spec(spec: dict) -> Backend:
             max_retries=spec["max_retries"], rate_limit_rps=spec["rate_limit_rps"],
             batch_size=spec["batch_size"], cache_dir=spec.get("cache_dir", ""),
             bos_text=spec.get("bos_text", ""), cache_scope=spec.get("cache_scope", ""),
+        )  # fmt: skip
+    if spec["kind"] == "vllm":
+        from mia_ray.backends.vllm_engine import VLLMBackend
+
+        return VLLMBackend(
+            spec["model"], dtype=spec.get("dtype", "auto"), max_length=spec.get("max_length", 0),
+            seed=spec.get("seed", 0), torch_threads=spec.get("torch_threads", 0),
+            kv_cache_gib=spec.get("kv_cache_gib", 1.0),
         )  # fmt: skip
     from mia_ray.backends.local import LocalHFBackend
 

@@ -106,3 +106,47 @@ def no_token_error(req: LoglikRequest) -> MiaError:
         f"ending {req.context[-40:]!r}: the tokenizer merges it into the context's last "
         "token; end the context at a word boundary"
     )
+
+
+def encode_requests(
+    tokenizer, requests: list[LoglikRequest], bos_id: int | None, max_length: int
+) -> list[tuple[list[int], int]]:
+    """The tokenisation rule (see the module) for a local tokenizer (a fast one: offsets):
+    ``(token ids, number of continuation tokens at their end)`` per request, the context
+    cropped from the left to fit ``max_length`` (0: no limit)."""
+    fulls = [r.context + r.continuation for r in requests]
+    enc = tokenizer(fulls, add_special_tokens=False, return_offsets_mapping=True)
+    out = []
+    for req, ids, offsets in zip(requests, enc["input_ids"], enc["offset_mapping"], strict=True):
+        ids = list(ids)
+        cut = len(req.context)
+        start = next((i for i, (s, _) in enumerate(offsets) if s >= cut), len(ids))
+        n_cont = len(ids) - start
+        if n_cont == 0:
+            raise no_token_error(req)
+        if start == 0:
+            if bos_id is None:
+                raise MiaError(
+                    "the context is empty and the model has no BOS or EOS token to score "
+                    "the first token from; give a context"
+                )
+            ids = [bos_id] + ids
+        if max_length and len(ids) > max_length:
+            if n_cont + 1 > max_length:
+                raise MiaError(
+                    f"continuation {req.continuation[:40]!r} is {n_cont} tokens; with one "
+                    f"context token it exceeds the model's maximum length {max_length}"
+                )
+            ids = ids[len(ids) - max_length :]
+        out.append((ids, n_cont))
+    return out
+
+
+def sample_prompt_ids(tokenizer, prompt: str, bos_id: int, max_length: int, max_tokens: int):
+    """A sampling prompt's token ids: without special tokens (an empty prompt starts from
+    BOS), losing its oldest tokens so that ``max_tokens`` more fit ``max_length`` (0: no
+    limit)."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] or [bos_id]
+    if max_length:
+        ids = ids[max(0, len(ids) - max(1, max_length - max_tokens)) :]
+    return list(ids)

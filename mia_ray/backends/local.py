@@ -12,7 +12,8 @@ from mia_ray.backends.base import (
     LoglikRequest,
     LoglikResult,
     SampleRequest,
-    no_token_error,
+    encode_requests,
+    sample_prompt_ids,
 )
 from mia_ray.errors import MiaError
 
@@ -106,9 +107,7 @@ class LocalHFBackend(Backend):
 
         tok, out = self.tokenizer, []
         for r in requests:
-            ids = tok(r.prompt, add_special_tokens=False)["input_ids"] or [self.bos_id]
-            if self.max_length:
-                ids = ids[max(0, len(ids) - max(1, self.max_length - r.max_tokens)) :]
+            ids = sample_prompt_ids(tok, r.prompt, self.bos_id, self.max_length, r.max_tokens)
             x = torch.tensor([ids], device=self.device)
             torch.manual_seed(r.seed)
             with torch.inference_mode():
@@ -124,34 +123,7 @@ class LocalHFBackend(Backend):
     def encode(self, requests: list[LoglikRequest]) -> list[tuple[list[int], int]]:
         """``(token ids, number of continuation tokens at their end)`` per request, with the
         context cropped from the left to fit ``max_length``."""
-        fulls = [r.context + r.continuation for r in requests]
-        enc = self.tokenizer(fulls, add_special_tokens=False, return_offsets_mapping=True)
-        out = []
-        for req, ids, offsets in zip(
-            requests, enc["input_ids"], enc["offset_mapping"], strict=True
-        ):
-            ids = list(ids)
-            cut = len(req.context)
-            start = next((i for i, (s, _) in enumerate(offsets) if s >= cut), len(ids))
-            n_cont = len(ids) - start
-            if n_cont == 0:
-                raise no_token_error(req)
-            if start == 0:
-                if self.bos_id is None:
-                    raise MiaError(
-                        "the context is empty and the model has no BOS or EOS token to score "
-                        "the first token from; give a context"
-                    )
-                ids = [self.bos_id] + ids
-            if self.max_length and len(ids) > self.max_length:
-                if n_cont + 1 > self.max_length:
-                    raise MiaError(
-                        f"continuation {req.continuation[:40]!r} is {n_cont} tokens; with one "
-                        f"context token it exceeds the model's maximum length {self.max_length}"
-                    )
-                ids = ids[len(ids) - self.max_length :]
-            out.append((ids, n_cont))
-        return out
+        return encode_requests(self.tokenizer, requests, self.bos_id, self.max_length)
 
     def score_last(
         self, seqs: list[list[int]], n_last: list[int], top_n: int = 0, keep_first: bool = False

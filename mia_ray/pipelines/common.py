@@ -185,9 +185,9 @@ def check_target_early(model_cfg, attack=None, section: str = "attack") -> None:
         model_cfg.trust_remote_code,
         model_cfg.gguf_file,
     )
-    if attack is None or "samia" not in attack.attacks or attack.samia.backend.kind != "local":
+    if attack is None or "samia" not in attack.attacks or not attack.samia.backend.loads_model:
         return
-    # The local backend keeps the prompt's last max_length - max_tokens tokens: a sample of
+    # A local backend (HF or vLLM) keeps the prompt's last max_length - max_tokens tokens: a sample of
     # max_tokens or more leaves no prompt, and one past the positions cannot be generated.
     window = min(n for n in (window, model_cfg.max_length) if n) if window else model_cfg.max_length
     n = attack.samia.max_tokens

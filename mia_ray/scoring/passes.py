@@ -259,10 +259,10 @@ def sampled(cfg, scored: pd.DataFrame, out: Path) -> pd.DataFrame:
     from mia_ray.stages import parts_stage
 
     sc, res, b = cfg.attack.samia, cfg.resources, cfg.attack.samia.backend
-    local = b.kind == "local" or b.serve
+    local = b.loads_model or b.serve
     ident = scorer_key(cfg.model, res) if local else f"{b.base_url}|{b.model}"
     spec = {**to_dict(b), "model": b.model or cfg.model.name_or_path,
-            "torch_threads": res.scorer.torch_threads,
+            "torch_threads": res.scorer.torch_threads, "seed": cfg.attack.seed,
             "cache_dir": str(out / "backend-cache") if not local else ""}  # fmt: skip
     stop = None
     if b.serve:
@@ -273,7 +273,7 @@ def sampled(cfg, scored: pd.DataFrame, out: Path) -> pd.DataFrame:
         )
         spec["kind"], spec["cache_dir"] = "openai", ""
         spec["model"] = cfg.model.name_or_path
-    if spec["kind"] == "local":
+    if spec["kind"] != "openai":
         spec["model"] = storage.stage(spec["model"])
         opts = ray_options(res, res.scorer.cpus, res.scorer.gpus)
     else:  # an API client: on the driver's node, where its cache and a served port are

@@ -118,7 +118,7 @@ def blackbox_spec(cfg: CopyCheckJobConfig, out: Path) -> dict[str, Any]:
     key = ""
     if b.serve:
         key = model_key(cfg.model, accel)
-    elif b.kind == "local":
+    elif b.loads_model:
         key = model_key(cfg.model, accel, b.model or None)
     return {
         **to_dict(b),

@@ -316,7 +316,7 @@ def run_eval(cfg: LeakageJobConfig, found: pd.DataFrame, out: Path) -> dict[str,
     models: dict[str, Any] = {}
     for name in cfg.eval.targets:
         # serve: a local model behind `mia-ray serve` on loopback, reached over real HTTP.
-        path = resolve_target(cfg, name) if b.kind == "local" or b.serve else name
+        path = resolve_target(cfg, name) if b.loads_model or b.serve else name
         safe = name.strip("@").replace(":", "-").replace("/", "_")
         ident = target_key(cfg, path)
         fp = fingerprint(
@@ -351,7 +351,7 @@ def _evaluate(cfg: LeakageJobConfig, name: str, path: str, ident: str, inst, d: 
         spec["base_url"], stop = serve_in_thread(path, device=b.device, dtype=b.dtype)
         spec["kind"] = "openai"
     log(f"eval: {name} ({path}) through the {spec['kind']} backend")
-    if spec["kind"] == "local":
+    if spec["kind"] != "openai":
         # The model loads in the actor, wherever Ray puts it: a driver folder goes by storage.
         spec["model"] = storage.stage(path)
         opts = ray_options(res, res.scorer.cpus, res.scorer.gpus)
