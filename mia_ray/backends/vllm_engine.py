@@ -19,6 +19,7 @@ vllm-project/vllm#4606); the difference per snippet is measured (BENCHMARKS.md).
 from __future__ import annotations
 
 import os
+import warnings
 
 from mia_ray.backends.base import (
     Backend,
@@ -30,11 +31,13 @@ from mia_ray.backends.base import (
 )
 from mia_ray.errors import MiaError
 
-# The engine in this process (a Ray actor's), not in a child it would spawn; quiet logs.
+# The engine in this process (a Ray actor's), not in a child it would spawn. Its warnings on
+# a CPU are advice for serving (tcmalloc, Triton, thread binding), not about the numbers:
+# errors only; torch's C++ notes (NUMA binding) likewise.
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_LOGGING_LEVEL": "WARNING",
-    "VLLM_CONFIGURE_LOGGING": "1",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
 }
 
 
@@ -64,6 +67,8 @@ class VLLMBackend(Backend):
     ):
         for key, value in engine_env(torch_threads, kv_cache_gib).items():
             os.environ.setdefault(key, value)
+        # vLLM's own use of a deprecated torch name, at import and at the first call.
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
         try:
             from vllm import LLM
         except ImportError as e:

@@ -57,7 +57,12 @@ def evaluate_attacks(cfg: AttackJobConfig, snip_scores, doc_scores, ctx: dict) -
         # (seconds: this run's wall time of the pass, 0 when its stage was reused; None for
         # the lowercase pass, which runs in the target's pool)
         "passes": {
-            p: {"attacks": names, "cost": PASSES[p], "seconds": ctx["pass_seconds"].get(p)}
+            p: {
+                "attacks": names,
+                "cost": PASSES[p],
+                "backend": pass_backend(cfg, p),
+                "seconds": ctx["pass_seconds"].get(p),
+            }  # fmt: skip
             for p, names in ctx["passes"].items()
         },
         "held_out": ctx["held_out"],
@@ -84,3 +89,16 @@ def unit_texts(ctx: dict, level: str, unit: pd.DataFrame) -> list[str]:
         return [docs[d] for d in unit["doc_id"]]
     snips = ctx["snippets"].set_index("snippet_id")["text"]
     return [snips[s] for s in unit["snippet_id"]]
+
+
+def pass_backend(cfg, name: str) -> str:
+    """Which engine ran a pass: SaMIA's samples come from ``attack.samia.backend``; every
+    other pass is the Scorer's forward pass with transformers."""
+    if name != "samples":
+        return "transformers"
+    from mia_ray.redact import redact
+
+    b = cfg.attack.samia.backend
+    if b.serve:
+        return "transformers behind mia-ray serve"
+    return {"local": "transformers", "vllm": "vllm", "openai": f"openai API ({redact(b.base_url)})"}[b.kind]
