@@ -69,6 +69,13 @@ def recorded(out: Path, name: str, key: str, kind: str, reused: bool) -> None:
     _record(*_where(Path(out) / name), key, kind, reused)
 
 
+def stage_seconds(path: Path) -> float | None:
+    """A parts stage's wall seconds, summed over the runs that added its rows (None when it
+    holds no count: a stage of an earlier version)."""
+    got = marker(Path(path))
+    return got.get("seconds") if got else None
+
+
 def stage_key(path: Path) -> str:
     """The key a stage folder was computed for ("" when it holds no marker)."""
     got = marker(Path(path))
@@ -331,11 +338,18 @@ def parts_stage(
     key = parts_key(rows, batch_size, inputs)
     what = what or name.rsplit("/", 1)[-1]
     path, ws, rel, got = _open(out, name, key, "parts", keep_same_key=True)
-    if got is None:
-        path.mkdir(parents=True, exist_ok=True)
-        write_json(path / MARKER, {"stage": name, "key": key, "kind": "parts", "complete": False})
+    # The pass's wall seconds over every run that added rows (a resume adds its own).
+    before = float((got or {}).get("seconds", 0.0))
+
+    def pending(seconds: float) -> None:
+        write_json(path / MARKER, {"stage": name, "key": key, "kind": "parts", "complete": False,
+                                   "seconds": round(seconds, 2)})  # fmt: skip
         if ws is not None and rel:
             ws.push(f"{rel}/{MARKER}")
+
+    if got is None:
+        path.mkdir(parents=True, exist_ok=True)
+        pending(0.0)
     parts = sorted(path.glob("part-*.parquet"))
     done_ids: set[str] = set()
     for part in parts:
@@ -358,6 +372,7 @@ def parts_stage(
                 ws.push(f"{rel}/{part.name}")  # a checkpoint: a new driver resumes from it
             parts.append(part)
             buffer.clear()
+            pending(before + time.time() - t0)
 
     if len(todo):
         try:
@@ -383,7 +398,9 @@ def parts_stage(
     if got is not None and got.get("complete") and not n_new:
         _record(ws, rel, key, "parts", reused=True)
     else:
-        _close(path, ws, rel, name, key, "parts", {"rows": total})
+        took = time.time() - t0 if len(todo) else 0.0
+        _close(path, ws, rel, name, key, "parts",
+               {"rows": total, "seconds": round(before + took, 2)})  # fmt: skip
     if not load:
         return parts
     return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)

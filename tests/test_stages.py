@@ -2,6 +2,7 @@
 and rows kept when a pass is interrupted."""
 
 import json
+import time
 import uuid
 
 import pandas as pd
@@ -168,6 +169,7 @@ class _Interrupted:
         self.rows = rows
 
     def iter_batches(self, **_):
+        time.sleep(0.3)  # the first run's work, which its marker counts
         yield self.rows.iloc[:3].assign(loss=1.0)
         raise KeyboardInterrupt
 
@@ -184,10 +186,13 @@ def test_rows_that_arrived_before_an_interrupt_are_kept(tmp_path, ray_local, cap
     marker = stages.marker(tmp_path / "rows" / "target")
     key = stages.parts_key(rows, 2, inputs)
     assert marker["key"] == key and not marker["complete"]
+    first = marker["seconds"]
+    assert first >= 0.3
     seen = []
 
     def score(ds):  # the rest, scored for real through Ray Data
         def one(b):
+            time.sleep(0.3)
             return b.assign(loss=2.0)
 
         got = ds.map_batches(one, batch_format="pandas").to_pandas()
@@ -204,6 +209,8 @@ def test_rows_that_arrived_before_an_interrupt_are_kept(tmp_path, ray_local, cap
         "s0": 1.0, "s1": 1.0, "s2": 1.0, "s3": 2.0, "s4": 2.0, "s5": 2.0,
     }  # fmt: skip
     assert stages.holds(stages.marker(tmp_path / "rows" / "target"), key)
+    # The pass's seconds are both runs': a resumed run reports the whole pass.
+    assert stages.stage_seconds(tmp_path / "rows" / "target") >= first + 0.3
 
 
 def test_a_parts_key_follows_the_rows_content_the_batch_size_and_the_inputs():

@@ -196,7 +196,8 @@ def _forward_passes(cfg: Scoring, snip_meta: pd.DataFrame, rows_dir: Path,
         True,
         rows_dir / name,
     )
-    seconds = {name: round(time.time() - t1, 2)}  # with the lowercase pass, when asked
+    # The pass's seconds over every run that computed its rows (with the lowercase pass).
+    seconds = {name: _seconds(rows_dir / name, time.time() - t1)}
     merged = snip_meta.merge(tgt, on="snippet_id", how="inner", validate="one_to_one")
     if "ref" in attacks and ref_loss is not None:
         merged = merged.merge(ref_loss, on="snippet_id", how="inner", validate="one_to_one")
@@ -215,7 +216,7 @@ def _forward_passes(cfg: Scoring, snip_meta: pd.DataFrame, rows_dir: Path,
         merged = merged.merge(
             ref[["snippet_id", "ref_loss"]], on="snippet_id", how="inner", validate="one_to_one"
         )
-        seconds["reference"] = round(time.time() - t1 - seconds[name], 2)
+        seconds["reference"] = _seconds(rows_dir / "reference", time.time() - t1 - seconds[name])
     if len(merged) != len(snip_meta):
         raise MiaError(f"scored {len(merged)} of {len(snip_meta)} snippets: results are missing")
     return merged, seconds
@@ -248,3 +249,11 @@ def _score_frames(cfg: Scoring, merged: pd.DataFrame, extra: dict, labels):
     snip_scores["n_chars"] = merged["text"].str.len().to_numpy()
     snip_scores["text"] = merged["text"].to_numpy()  # exactly what every model scored
     return snip_scores, doc_scores, score_cols
+
+
+def _seconds(stage: Path, wall: float) -> float:
+    """A parts stage's seconds over every run that added its rows, else ``wall``."""
+    from mia_ray.stages import stage_seconds
+
+    got = stage_seconds(stage)
+    return got if got is not None else round(wall, 2)

@@ -170,9 +170,10 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
                label: str = "") -> dict[str, list]:  # fmt: skip
     """The columns of every pass in ``need`` beyond the target and reference, for the
     snippets of ``merged`` (its rows' order), by ``SnippetStats`` field name; each pass's
-    wall seconds in this run go to ``seconds`` (0 when its stage was reused); ``label``
+    wall seconds over every run that computed it go to ``seconds``; ``label``
     prefixes the passes' names in the progress log (the reference's passes)."""
     from mia_ray.scoring.pools import score_pool
+    from mia_ray.stages import stage_seconds
 
     a, rows_dir = cfg.attack, out / "rows"
     scored = merged[["snippet_id", "text"]]
@@ -180,9 +181,12 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
     extra: dict[str, list] = {}
     clock = [time.monotonic()]
 
-    def took(name: str) -> None:
+    def took(name: str, stage: Path | None = None) -> None:
+        """The pass's seconds: its stage's, summed over the runs that computed its rows (a
+        resumed run reports the whole pass), else this run's wall time."""
         now = time.monotonic()
-        seconds[name] = round(now - clock[0], 2)
+        got = stage_seconds(stage) if stage is not None else None
+        seconds[name] = got if got is not None else round(now - clock[0], 2)
         clock[0] = now
 
     def pool(rows, name: str, **kw) -> pd.DataFrame:
@@ -199,7 +203,7 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
             short = int((got["context_tokens"] == 0).sum())
             if short:
                 log(f"pass {name}: {short} snippet(s) fill the window; no prefix fits before them")
-            took(name)
+            took(name, rows_dir / name)
     if "token_counts" in need:
         from mia_ray.models.hf import load_tokenizer
 
@@ -218,7 +222,7 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         rows = variant_rows(scored, "nb", lambda sid, t: make_neighbours(
             t, nc.n, lex, seed=f"{a.seed}:{sid}", rate=nc.rate))  # fmt: skip
         got = pool(rows, "neighbours")
-        took("neighbours")
+        took("neighbours", rows_dir / "neighbours")
         extra["neighbour_losses"] = [
             np.asarray(v) for v in per_snippet(ids, got, "nb", nc.n, "loss")
         ]
@@ -232,15 +236,15 @@ def run_passes(cfg, need: dict[str, list[str]], merged: pd.DataFrame, out: Path,
         got = pool(rows, "augment", full=True, moments=False)
         lps = per_snippet(ids, got, "aug", pc.copies, "token_logprobs")
         extra["augment_logprobs"] = [tuple(np.asarray(x) for x in v) for v in lps]
-        took("augment")
+        took("augment", rows_dir / "augment")
     if "samples" in need:
         got = sampled(cfg, scored, out).set_index("snippet_id")
         extra["samples"] = [tuple(json.loads(v)) for v in got.loc[ids, "samples"]]
-        took("samples")
+        took("samples", rows_dir / "samples")
     if "gradient" in need:
         got = pool(scored, "gradient", grad_norm=True)
         extra["grad_norm"] = got.set_index("snippet_id").loc[ids, "grad_norm"].tolist()
-        took("gradient")
+        took("gradient", rows_dir / "gradient")
     return extra
 
 

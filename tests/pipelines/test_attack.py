@@ -87,6 +87,8 @@ def test_interrupted_scoring_resumes_with_identical_numbers(tmp_path, test_world
     assert f"target: reusing {total - len(last) + kept} of {total} rows" in capsys.readouterr().err
     again = json.loads((out / "report.json").read_text())
     assert again["metrics"] == report["metrics"]
+    # The pass's seconds are both runs' (the first run's whole pass, the resume's batch).
+    assert again["passes"]["target"]["seconds"] > report["passes"]["target"]["seconds"]
     # Every snippet's every score to the last bit.
     pd.testing.assert_frame_equal(
         pd.read_parquet(out / "snippet_scores.parquet"), before, check_exact=True

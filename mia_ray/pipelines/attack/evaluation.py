@@ -54,8 +54,9 @@ def evaluate_attacks(cfg: AttackJobConfig, snip_scores, doc_scores, ctx: dict) -
         "ci_level": cfg.eval.ci,
         "metrics": metrics,
         # What each attack cost: the passes over the snippets and which attacks read each.
-        # (seconds: this run's wall time of the pass, 0 when its stage was reused; None for
-        # the lowercase pass, which runs in the target's pool)
+        # (seconds: the pass's wall time over every run that computed its rows, so a
+        # resumed run reports the whole pass; None for the lowercase pass, which runs in the
+        # target's pool)
         "passes": {
             p: {
                 "attacks": names,
@@ -101,4 +102,8 @@ def pass_backend(cfg, name: str) -> str:
     b = cfg.attack.samia.backend
     if b.serve:
         return "transformers behind mia-ray serve"
-    return {"local": "transformers", "vllm": "vllm", "openai": f"openai API ({redact(b.base_url)})"}[b.kind]
+    return {
+        "local": "transformers",
+        "vllm": "vllm",
+        "openai": f"openai API ({redact(b.base_url)})",
+    }[b.kind]
