@@ -138,7 +138,8 @@ def main() -> None:
         f"{os.uname().machine}, {args.threads} threads, {args.device}, "
         f"{time.strftime('%Y-%m-%d')}: {len(texts)} snippets of {args.words} words, "
         f"{args.samples} samples of {args.max_tokens} tokens each; model "
-        f"{Path(args.model).name} ({params / 1e6:.0f} M parameters outside embeddings); peak "
+        f"{Path(args.model).name} ({params / 1e6:.0f} M weights multiplied per token: layers "
+        f"and LM head); peak "
         f"{peak:.2f} TFLOP/s ({'measured fp32 matmul' if not args.peak_tflops else 'given'}).",
         "",
         "| engine | load s | scoring s | scored tokens/s | share of peak | sampling s | sampled tokens/s |",
