@@ -37,6 +37,9 @@ from mia_ray.data.marks import candidates_of, insert_mark, new_key, published  #
 CELLS = [("words", 4, 1), ("words", 8, 1), ("words", 16, 1), ("words", 4, 4),
          ("words", 8, 4), ("words", 16, 4), ("hex", 32, 4), ("sentences", 1, 4),
          ("sentences", 2, 1)]  # fmt: skip
+# dataset marks (mark.per: dataset): one 8-word mark, one copy in each of n files, KEYS_PER_N
+# keys per n; files drawn afresh for each key, so a book may carry several of them
+SHARED_FILES, KEYS_PER_N = (2, 4, 8, 16), 3
 
 
 def score(model: str, texts: list[str], threads: int, tokens: bool = False):
@@ -73,7 +76,17 @@ def marked_world(k_member: int, k_other: int, seed: int):
             for mk in key["marks"]:
                 f = mk["files"][0]
                 books[f] = insert_mark(books[f], pub[mk["mark_id"]], copies, key, f)
-            keys.append((side, (kind, length, copies), key))
+            keys.append((side, (kind, length, copies, 1), key))
+        draw = random.Random(f"shared-{side}-{seed}")
+        for n in SHARED_FILES:
+            for j in range(KEYS_PER_N):
+                files = sorted(draw.sample(ids, n))
+                key = new_key(files, "words", 8, k, 1, "dataset",
+                              entropy=[seed, 100 + n, j, side == "member"])  # fmt: skip
+                (mk,) = key["marks"]
+                for f in mk["files"]:
+                    books[f] = insert_mark(books[f], published(key)[mk["mark_id"]], 1, key, f)
+                keys.append((side, ("words", 8, 1, n), key))
     members = [books[b] for b in sorted(books) if c.split[b] == "member"] + web_members
     return members, keys
 
@@ -133,22 +146,24 @@ def main() -> None:
         f"`python bench/marks_power.py --epochs {' '.join(f'{e:g}' for e in args.epochs)}`, "
         f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}. "
         f"The demo world's 50 member and 110 non-member books, each marked once per file "
-        f"(one key per cell, cells in a seeded round robin), `tiny`'s recipe (4 layers, 192 "
+        f"(one key per cell, cells in a seeded round robin); then {KEYS_PER_N} dataset keys "
+        f"(`mark.per: dataset`) per row with n > 1 files: one 8-word mark, one copy in each of "
+        f"n books drawn afresh per key (a book may carry several marks). `tiny`'s recipe (4 layers, 192 "
         f"wide, 4,000-merge BPE) trained on the members (books + 150 web leads). Members' "
         f"marks have K = {args.candidates} candidates (smallest p {1 / args.candidates:g}), "
         f"non-members' K = {args.control_candidates}. Power: the share of member marks at "
         f"p <= 0.05 and at the smallest p; dataset p: Fisher over the cell's member marks "
         f"(9,999 draws). Level: the share of non-member marks (never trained on) at p <= 0.05.",
         "",
-        "| epochs | kind | length | copies/file | member marks | p <= 0.05 | p = 1/K | "
-        "median p | dataset p | non-member p <= 0.05 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| epochs | kind | length | copies/file | files/mark | member marks | p <= 0.05 | "
+        "p = 1/K | median p | dataset p | non-member p <= 0.05 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (epochs, cell), g in df.groupby(["epochs", "cell"], sort=False):
         m, o = g[g.side == "member"], g[g.side == "nonmember"]
         _, p_all = combined_pvalue(m["p"].to_numpy(), args.candidates, 9999, 0)
         lines.append(
-            f"| {epochs:g} | {cell[0]} | {cell[1]} | {cell[2]} | {len(m)} | "
+            f"| {epochs:g} | {cell[0]} | {cell[1]} | {cell[2]} | {cell[3]} | {len(m)} | "
             f"{(m.p <= 0.05).mean():.0%} | {(m.p <= 1 / args.candidates).mean():.0%} | "
             f"{m.p.median():.3g} | {p_all:.2g} | {(o.p <= 0.05).sum()}/{len(o)} |"
         )
