@@ -318,13 +318,16 @@ def parts_stage(
     inputs: Any,
     load: bool = True,
     what: str = "",
+    block_rows: int = BLOCK_ROWS,
 ):
     """Stream ``rows`` (pandas, with a unique ``snippet_id`` and a ``text``) in model batches
     of ``batch_size`` (:func:`model_blocks`) through ``mapper(ds) -> ds`` and write the
     results in parts to ``out/name`` as they arrive; return all rows (pandas), or with
     ``load=False`` the part files (for results larger than memory). The mapper's actors take
     each block whole (``batch_size=None``) and run ``in_model_batches``. ``inputs``: what
-    besides the rows decides the results; the stage's key is :func:`parts_key`.
+    besides the rows decides the results; the stage's key is :func:`parts_key`. Results and
+    progress arrive a block (~``block_rows`` rows) at a time: a slow pass (seconds per row)
+    takes smaller blocks so that its user sees it move.
 
     A rerun with the same key skips every model batch whose rows are all in a part, so an
     interrupted run resumes where it stopped; another key starts afresh. The batches are
@@ -376,7 +379,7 @@ def parts_stage(
 
     if len(todo):
         try:
-            ds = model_blocks(todo, batch_size, drawn=True)
+            ds = model_blocks(todo, batch_size, block_rows, drawn=True)
             for batch in mapper(ds).iter_batches(batch_format="pandas", batch_size=None):
                 if done_ids:
                     batch = batch[~batch["snippet_id"].isin(done_ids)]
@@ -387,7 +390,10 @@ def parts_stage(
                 if time.time() - last > 10:
                     last = time.time()
                     rate = n_new / max(last - t0, 1e-9)
-                    log(f"{what}: {len(done_ids) + n_new}/{total} rows ({rate:.1f}/s)")
+                    left = (len(todo) - n_new) / max(rate, 1e-9)
+                    eta = f"{left:.0f} s" if left < 120 else f"{left / 60:.0f} min"
+                    log(f"{what}: {len(done_ids) + n_new}/{total} rows ({rate:.1f}/s, "
+                        f"about {eta} left)")  # fmt: skip
         finally:
             flush()  # rows that arrived are kept, interrupted or not
         took = time.time() - t0

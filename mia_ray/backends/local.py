@@ -34,6 +34,7 @@ class TokenScores:
     first: np.ndarray | None = None  # (vocab,) log-probs where the first of the n is predicted
 
 
+SAMPLE_ROWS = 64  # rows (samples) sampled together: one request's n rows are never split
 SHARED_PREFIX_MIN = 32  # tokens: below this, one padded batch is as cheap as a cached prefix
 
 
@@ -95,30 +96,111 @@ class LocalHFBackend(Backend):
         self._cache_key = "cache" if "cache" in params else "past_key_values"
         self.bos_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (self.bos_id or 0)
+        eos = self.model.generation_config.eos_token_id
+        eos = tok.eos_token_id if eos is None else eos
+        self.eos_set = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        import torch
+
+        self.eos_ids = torch.tensor(sorted(self.eos_set), dtype=torch.long, device=self.device)
 
     def sample(
         self, requests: list[SampleRequest], temperature: float = 1.0, top_k: int = 0
     ) -> list[list[str]]:
-        """Multinomial sampling with ``generate``, one request at a time, torch's generator
-        seeded with the request's seed (the same texts on every run on one device). The
-        prompt is tokenised without special tokens (an empty one starts from BOS) and loses
-        its oldest tokens to fit ``max_length``; a continuation stops at EOS."""
+        """Multinomial sampling, requests together in left-padded batches of at most
+        ``SAMPLE_ROWS`` rows (a request's ``n`` samples are its rows). Each prompt is read
+        once and its KV cache copied to its rows; then, at each step, every request draws its
+        rows' next tokens from a generator of its own, seeded with its seed, for each of its
+        ``max_tokens`` steps whether or not a row has ended: an exponential race over the
+        ``top_k`` likeliest tokens in order (all tokens when 0), each row taking the token of
+        largest p / E. So a request's texts do not depend
+        on what else is in the call (up to the rounding of a batched forward, which can move a
+        draw only when it falls within ~1e-6 of a boundary). The prompt is tokenised without
+        special tokens (an empty one starts from BOS) and loses its oldest tokens to fit
+        ``max_length``; a continuation stops at EOS."""
+        prompts = [
+            sample_prompt_ids(self.tokenizer, r.prompt, self.bos_id, self.max_length, r.max_tokens)
+            for r in requests
+        ]
+        order = sorted(range(len(requests)), key=lambda i: -len(prompts[i]))
+        out: list[list[str]] = [[] for _ in requests]
+        group: list[int] = []
+        for i in order + [-1]:
+            if group and (i < 0 or sum(requests[j].n for j in group) + requests[i].n > SAMPLE_ROWS):
+                texts = self._sample_group(
+                    [prompts[j] for j in group], [requests[j] for j in group], temperature, top_k
+                )
+                for j, t in zip(group, texts, strict=True):
+                    out[j] = t
+                group = []
+            group.append(i)
+        return out
+
+    def _sample_group(self, prompts, requests, temperature, top_k):
         import torch
 
-        tok, out = self.tokenizer, []
-        for r in requests:
-            ids = sample_prompt_ids(tok, r.prompt, self.bos_id, self.max_length, r.max_tokens)
-            x = torch.tensor([ids], device=self.device)
-            torch.manual_seed(r.seed)
-            with torch.inference_mode():
-                gen = self.model.generate(
-                    input_ids=x, attention_mask=torch.ones_like(x), do_sample=True,
-                    temperature=temperature, top_k=top_k or None, top_p=1.0,
-                    max_new_tokens=r.max_tokens, num_return_sequences=r.n,
-                    pad_token_id=self.pad_id,
-                )  # fmt: skip
-            out.append(tok.batch_decode(gen[:, len(ids) :], skip_special_tokens=True))
-        return out
+        from mia_ray.models.hf import left_pad
+
+        dev = self.device
+        n = torch.tensor([r.n for r in requests])
+        rows = torch.repeat_interleave(torch.arange(len(requests)), n).to(dev)
+        ends = torch.cumsum(n, 0).tolist()
+        spans = [(e - r.n, e) for e, r in zip(ends, requests, strict=True)]
+        gens = [torch.Generator(device=dev).manual_seed(r.seed) for r in requests]
+        steps = max(r.max_tokens for r in requests)
+        limit = torch.repeat_interleave(torch.tensor([r.max_tokens for r in requests]), n).to(dev)
+        ids, mask, pos = left_pad(prompts, self.pad_id, dev)
+        drawn = torch.full((len(rows), steps), self.pad_id, dtype=torch.long, device=dev)
+        ended = torch.zeros(len(rows), dtype=torch.bool, device=dev)
+        with torch.inference_mode():
+            # A static cache holds the whole loop in place (a dynamic one copies itself at
+            # every step: measured, the largest cost of the loop on the tiny model).
+            cache = {}
+            if getattr(self.model, "_can_compile_fullgraph", False):
+                from transformers import StaticCache
+
+                cache = {self._cache_key: StaticCache(config=self.model.config,
+                                                      max_cache_len=ids.shape[1] + steps)}  # fmt: skip
+            res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                             use_cache=True, logits_to_keep=1, **cache)  # fmt: skip
+            cache = getattr(res, "cache", None) or res.past_key_values
+            cache.reorder_cache(rows)
+            logits, mask, pos = res.logits[rows, -1], mask[rows], pos[rows, -1:]
+            # A row's last position is its prompt's plus its own max_tokens (within the
+            # window by the prompt's crop); rows that are done idle there while others go on.
+            last = pos + limit[:, None] - 1
+            for t in range(steps):
+                scores = logits.float() / temperature
+                if top_k:  # the top_k likeliest tokens, likeliest first
+                    scores, token = scores.topk(min(top_k, scores.shape[-1]), dim=-1)
+                else:
+                    token = torch.arange(scores.shape[-1], device=dev).expand_as(scores)
+                probs = torch.softmax(scores, dim=-1)
+                nxt = torch.full((len(rows),), self.pad_id, dtype=torch.long, device=dev)
+                for (a, b), r, g in zip(spans, requests, gens, strict=True):
+                    if t < r.max_tokens:  # an exponential race: argmax p / E picks i w.p. p_i
+                        race = torch.empty_like(probs[a:b]).exponential_(generator=g)
+                        pick = (probs[a:b] / race).argmax(-1, keepdim=True)
+                        nxt[a:b] = token[a:b].gather(-1, pick)[:, 0]
+                live = ~ended & (t < limit)
+                nxt = torch.where(live, nxt, self.pad_id)
+                drawn[:, t] = nxt
+                ended |= ~live | torch.isin(nxt, self.eos_ids)
+                if bool(ended.all()):
+                    break
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                pos = torch.minimum(pos + 1, last)
+                res = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
+                                 use_cache=True, **{self._cache_key: cache})  # fmt: skip
+                cache = getattr(res, "cache", None) or res.past_key_values
+                logits = res.logits[:, -1]
+        texts = []
+        for (a, b), r in zip(spans, requests, strict=True):
+            batch = []
+            for row in drawn[a:b, : r.max_tokens].tolist():
+                cut = next((k for k, x in enumerate(row) if x in self.eos_set), len(row))
+                batch.append(row[:cut])
+            texts.append(self.tokenizer.batch_decode(batch, skip_special_tokens=True))
+        return texts
 
     def encode(self, requests: list[LoglikRequest]) -> list[tuple[list[int], int]]:
         """``(token ids, number of continuation tokens at their end)`` per request, with the

@@ -296,8 +296,9 @@ def sampled(cfg, scored: pd.DataFrame, out: Path) -> pd.DataFrame:
     try:
         inputs = {"model": ident, "max_length": cfg.model.max_length, "samia": to_dict(sc),
                   "seed": cfg.attack.seed}  # fmt: skip
+        # Samples cost a generation per row: one model batch per block keeps progress coming.
         return parts_stage(out, "rows/samples", scored, mapper, cfg.model.batch_size,
-                           inputs=inputs)  # fmt: skip
+                           inputs=inputs, block_rows=cfg.model.batch_size)  # fmt: skip
     finally:
         if stop is not None:
             stop()

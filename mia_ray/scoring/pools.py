@@ -69,7 +69,7 @@ def score_pool(
     ``context``, ``grad_norm`` or ``moments``. The stage's key is derived here from all that
     decides the numbers: the snippets by content, the model by :func:`scorer_key`, its
     window and batch size, and every option the actors are given."""
-    from mia_ray.stages import parts_stage
+    from mia_ray.stages import BLOCK_ROWS, parts_stage
 
     inputs = {
         "model": scorer_key(model_cfg, res_cfg, model),
@@ -80,8 +80,10 @@ def score_pool(
         "passes": passes,
     }
     mapper = scorer_mapper(model_cfg, res_cfg, model, prefix, lowercase, full, **passes)
+    # The gradient pass costs a backward per row: one model batch per block keeps it moving.
+    block = model_cfg.batch_size if passes.get("grad_norm") else BLOCK_ROWS
     return parts_stage(out_dir.parent, out_dir.name, snippets, mapper, model_cfg.batch_size,
-                       inputs=inputs, what=what)  # fmt: skip
+                       inputs=inputs, what=what, block_rows=block)  # fmt: skip
 
 
 def scorer_key(model_cfg, res_cfg, name: str | None = None) -> str:

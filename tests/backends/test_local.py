@@ -144,3 +144,76 @@ def test_a_continuation_merged_into_the_context_is_an_error(local):
         "merges it into the context's last token; end the context at a word boundary"
     )
     assert local.loglikelihood([]) == []
+
+
+def _hand_sample(backend, prompt: str, n: int, max_tokens: int, seed: int, top_k: int):
+    """The sampling rule by hand, one request alone, every step a full forward without a
+    cache: at each step the request's generator draws an (n, vocab) exponential race for
+    its rows over the top_k likeliest tokens (likeliest first) and each row takes the token of
+    largest p / E (token i with probability p_i)."""
+    ids = _ids(backend, prompt)
+    g = torch.Generator().manual_seed(seed)
+    rows = [list(ids) for _ in range(n)]
+    ended = [False] * n
+    with torch.inference_mode():
+        for _ in range(max_tokens):
+            logits = backend.model(input_ids=torch.tensor(rows)).logits[:, -1].float()
+            top, token = logits.topk(top_k, dim=-1)  # likeliest first
+            probs = torch.softmax(top, dim=-1)
+            race = torch.empty_like(probs).exponential_(generator=g)
+            nxt = token.gather(-1, (probs / race).argmax(-1, keepdim=True))[:, 0]
+            for r in range(n):
+                if not ended[r]:
+                    ended[r] = int(nxt[r]) == backend.tokenizer.eos_token_id
+                rows[r].append(int(nxt[r]))
+    out = []
+    for r in rows:
+        new = r[len(ids) :]
+        eos = backend.tokenizer.eos_token_id
+        out.append(backend.tokenizer.decode(new[: new.index(eos)] if eos in new else new))
+    return out
+
+
+def test_samples_follow_the_rule_and_do_not_depend_on_their_batch(local, monkeypatch):
+    from mia_ray.backends import SampleRequest
+    from mia_ray import backends
+
+    prompts = ["The old man walked slowly along the river bank and", "To be, or not",
+               "She opened the letter, read it twice, then", "Exit"]  # fmt: skip
+    reqs = [SampleRequest(p, 2 + i, 6 + 3 * i, 1000 + i) for i, p in enumerate(prompts)]
+    together = local.sample(reqs, 1.0, 50)
+    assert [len(t) for t in together] == [2, 3, 4, 5]
+    for r, got in zip(reqs, together, strict=True):
+        assert got == _hand_sample(local, r.prompt, r.n, r.max_tokens, r.seed, 50)
+        assert local.sample([r], 1.0, 50)[0] == got  # alone
+    # In another order, and with groups cut small (a request's rows stay together).
+    monkeypatch.setattr(backends.local, "SAMPLE_ROWS", 4)
+    assert local.sample(reqs[::-1], 1.0, 50)[::-1] == together
+    # A prompt filling the window but for its 2 tokens, beside one that samples 40 tokens: the
+    # first stays within the model's positions while the second goes on.
+    long = SampleRequest("To be, or not to be, that is the question. " * 200, 2, 2, 3)
+    both = local.sample([long, SampleRequest("Exit", 2, 40, 4)], 1.0, 50)
+    assert both[0] == local.sample([long], 1.0, 50)[0]
+    # Another seed, other texts.
+    other = local.sample([SampleRequest(prompts[0], 2, 6, 7)], 1.0, 50)[0]
+    assert other != together[0]
+
+
+def test_sampled_first_tokens_follow_the_models_distribution(local):
+    """2,000 one-token samples: each of the 5 likeliest tokens' frequency within 4 standard
+    errors of the model's probability; with top_k=3 no other token is ever drawn."""
+    from mia_ray.backends import SampleRequest
+
+    prompt = "The king said unto them"
+    with torch.inference_mode():
+        logits = local.model(input_ids=torch.tensor([_ids(local, prompt)])).logits[0, -1]
+    probs = torch.softmax(logits.float(), dim=-1).numpy()
+    got = local.sample([SampleRequest(prompt, 2000, 1, 5)], 1.0, 0)[0]
+    top = np.argsort(-probs)[:5]
+    for t in top:
+        text = local.tokenizer.decode([int(t)])
+        freq = np.mean([g == text for g in got])
+        se = np.sqrt(probs[t] * (1 - probs[t]) / len(got))
+        assert abs(freq - probs[t]) < 4 * se + 1e-9, (text, freq, probs[t])
+    allowed = {local.tokenizer.decode([int(t)]) for t in np.argsort(-probs)[:3]}
+    assert set(local.sample([SampleRequest(prompt, 500, 1, 6)], 1.0, 3)[0]) <= allowed
