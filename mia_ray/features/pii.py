@@ -21,6 +21,7 @@ import functools
 import hashlib
 import ipaddress
 import json
+import operator
 import re
 import string
 import threading
@@ -80,6 +81,32 @@ class PiiType:
             words = sorted(self.context, key=len, reverse=True)  # longest alternative first
             alt = "|".join(re.escape(w) for w in words)
             object.__setattr__(self, "context_re", re.compile(rf"(?<!\w)(?:{alt})(?!\w)", re.I))
+
+    def context_ends_at(self, text: str, reports: list[tuple[int, int]]) -> list[int] | None:
+        """:meth:`context_ends` from the prefilter's reports ``(k, end)`` of context word k
+        (every place its word may end, any case), or None where ``text`` lower-cases to
+        another length (then :meth:`context_ends` reads it with the regex)."""
+        if not text.isascii() and len(text.lower()) != len(text):
+            return None
+        # Lower-casing never shortens a character: at the same length each character maps
+        # to one, so text[i:j].lower() is the lower-cased text's [i:j].
+        ends = set()
+        size = len(text)
+        for k, j in reports:
+            w = self._context_lower[k]
+            i = j - len(w)
+            if (
+                i >= 0
+                and text[i:j].lower() == w
+                and not (w[0].isalnum() and i and _is_word(text[i - 1]))
+                and not (w[-1].isalnum() and j < size and _is_word(text[j]))
+            ):
+                ends.add(j)
+        return sorted(ends)
+
+    @functools.cached_property
+    def _context_lower(self) -> tuple[str, ...]:
+        return tuple(w.lower() for w in self.context)
 
     def context_ends(self, text: str, lower: str) -> list[int]:
         """Sorted end offsets of the context words in ``text`` (``lower`` is text.lower())."""
@@ -566,16 +593,20 @@ PRIORITY: dict[str, int] = {t.name: t.priority for t in PII_TYPES}  # person nam
 _CONTEXT_SLACK = 64  # longer than any context-type match, so a window never truncates one
 
 
-def _find(t: PiiType, text: str, lower: str) -> Iterable[PiiMatch]:
+def _find(
+    t: PiiType, text: str, lower: str | None, ends: Iterable[int] | None = None
+) -> Iterable[PiiMatch]:
+    """``t``'s matches in ``text`` (``lower``: text.lower()); for a context-gated type,
+    ``ends``: its context words' ends (sorted) when already known, else found in ``lower``."""
     if t.hints and not any(h in text for h in t.hints):
         return
     if not t.context:
         starts: Iterable[tuple[int, int]] = ((0, len(text)),)
     else:
         # Look for the context words first: they are rare, the candidates are not.
-        starts = (
-            (e, min(len(text), e + t.window + _CONTEXT_SLACK)) for e in t.context_ends(text, lower)
-        )
+        if ends is None:
+            ends = t.context_ends(text, lower)
+        starts = ((e, min(len(text), e + t.window + _CONTEXT_SLACK)) for e in ends)
     seen: set[int] = set()
     for pos, endpos in starts:
         limit = pos + t.window if t.context else len(text)
@@ -1108,12 +1139,19 @@ class _Prefilter:
     letter ("O'Brien": its key may be a first name). A type whose pattern Hyperscan cannot
     compile is always read whole."""
 
-    # Pattern ids: a type's index; 999 the apostrophe token; 1000 + k the k-th name pattern.
-    _NAMES, _APOSTROPHE = 1000, 999
+    # Pattern ids: a type's index; 100 + 10 * k + j the j-th context word of type k; 999 the
+    # apostrophe token; 1000 + k the k-th name pattern.
+    _CONTEXT, _APOSTROPHE, _NAMES = 100, 999, 1000
+
+    def _word_id(self, k: int, j: int) -> int:
+        if j >= 10 or self._CONTEXT + 10 * k + j >= self._APOSTROPHE:
+            raise ValueError("too many context words for the prefilter's pattern ids")
+        return self._CONTEXT + 10 * k + j
 
     def __init__(self, hyperscan, chosen: tuple[PiiType, ...], names: bool):
         exprs: list[tuple[bytes, int, int]] = []  # (expression, id, flags)
         self.always: set[int] = set()  # types read whole in every text
+        self.context: dict[int, int] = {}  # context-gated types: how many words each
         # Types whose core matches are of any length but hold no whitespace: a match starts
         # after the last whitespace before its core's end.
         self.solid: set[int] = set()
@@ -1122,9 +1160,12 @@ class _Prefilter:
         self.geometry: dict[int, tuple[int, int, int]] = {}
         for k, t in enumerate(chosen):
             if t.context:
-                for w in t.context:
+                for j, w in enumerate(t.context):
                     e = r"\b" if w[-1].isalnum() else ""
-                    exprs.append((f"{re.escape(w)}{e}".encode(), k, hyperscan.HS_FLAG_CASELESS))
+                    exprs.append(
+                        (f"{re.escape(w)}{e}".encode(), self._word_id(k, j), hyperscan.HS_FLAG_CASELESS)
+                    )
+                self.context[k] = len(t.context)
                 continue
             core = _core(_without_lookarounds(t.pattern.pattern))
             try:
@@ -1168,7 +1209,8 @@ class _Prefilter:
         self, batch: TextBatch
     ) -> tuple[list[dict[int, list[tuple[int, int]] | None]], list[list[int]]]:
         """Per text: the types to read (type index: the ranges, sorted, outside which no match
-        starts, or None to read the text whole) and the candidate name starts (sorted)."""
+        starts; None to read the text whole; for a context-gated type, a list of ``(j, end)``:
+        where its j-th context word may end) and the candidate name starts (sorted)."""
         n = len(batch.texts)
         types: list[dict] = [dict.fromkeys(self.always) for _ in range(n)]
         starts: list[list[int]] = [[] for _ in range(n)]
@@ -1205,6 +1247,9 @@ class _Prefilter:
                 starts[d].append(e)
             elif i == self._APOSTROPHE:
                 starts[d].append(e - 3)  # the token's first letter: "O" of "O'B"
+            elif i >= self._CONTEXT:
+                k = (i - self._CONTEXT) // 10
+                types[d].setdefault(k, []).append((i - self._CONTEXT - 10 * k, e))
             elif i in geometry:
                 # A match starting at s has a core match [s, e) with cmin <= e - s <= cmax.
                 cmin, cmax, _ = geometry[i]
@@ -1218,7 +1263,7 @@ class _Prefilter:
         for per_type in types:
             for spans in per_type.values():
                 if spans is not None:
-                    spans.sort()
+                    spans.sort()  # (a context type's order does not matter)
         for s in starts:
             s.sort()
         return types, starts
@@ -1263,8 +1308,20 @@ def _prefilter(types: tuple[str, ...], names: bool) -> _Prefilter | None:
         return None
 
 
+_START = operator.attrgetter("start")
+
+
 def _resolve(found: list[PiiMatch]) -> list[PiiMatch]:
     """The overlap rule of :func:`scan_pii` applied to every candidate finding."""
+    # Most texts' candidates do not overlap: the rule then keeps them all, by start.
+    ordered = sorted(found, key=_START)
+    end = -1
+    for m in ordered:
+        if m.start < end or m.start >= m.end:
+            break
+        end = m.end
+    else:
+        return ordered
     found.sort(key=lambda m: (-PRIORITY.get(m.type, -1), -(m.end - m.start), m.start))
     # The pieces between consecutive candidate bounds: two findings overlap when they share
     # one, and the kept ones are disjoint, so marking theirs costs one pass in all (inserting
@@ -1323,6 +1380,13 @@ def scan_pii_many(
         found = []
         for k, spans in read.items():
             t = chosen[k]
+            if spans is not None and t.context:
+                ends = t.context_ends_at(text, spans)
+                if ends is not None:
+                    if ends:
+                        found.extend(_find(t, text, None, ends))
+                    continue
+                spans = None  # read whole, as without the prefilter
             if spans is not None:
                 if not t.hints or any(h in text for h in t.hints):  # as _find
                     _find_near(t, text, spans, pre.geometry[k][2], found)

@@ -88,13 +88,31 @@ class TextBatch:
         if joined.isascii():
             self.view = joined.encode("ascii").translate(_ASCII_VIEW)
             self._non_ascii = np.zeros(0, dtype=np.int64)
+            self._non_ascii_codes = np.zeros(0, dtype=np.uint32)
         else:  # the whole batch in one pass: fewer numpy calls than text by text
             codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
             # Sorted view positions of the code points that are not ASCII.
             self._non_ascii = np.flatnonzero(codes >= 128)
+            self._non_ascii_codes = codes[self._non_ascii]
             view = codes.astype(np.uint8)  # ASCII as itself; the few others from the table
             view[self._non_ascii] = view_table()[codes[self._non_ascii]]
             self.view = view.tobytes().translate(_ASCII_VIEW)
+
+    def sizes(self) -> np.ndarray:
+        """(n,) int64: characters per text, ``len(text)``."""
+        return np.fromiter(map(len, self.texts), dtype=np.int64, count=len(self.texts))
+
+    def utf8_sizes(self) -> np.ndarray:
+        """(n,) int64: UTF-8 bytes per text, ``len(text.encode())``: a code point from U+0080
+        takes 2 bytes, from U+0800 3 and from U+10000 4."""
+        out = self.sizes()
+        if len(self._non_ascii):
+            c = self._non_ascii_codes
+            extra = 1 + (c >= 0x800).astype(np.int64) + (c >= 0x10000)
+            out = out + np.bincount(
+                self.doc_of(self._non_ascii), weights=extra, minlength=len(out)
+            ).astype(np.int64)
+        return out
 
     def doc_of(self, positions: np.ndarray) -> np.ndarray:
         """Index of the text holding each view position."""

@@ -276,3 +276,15 @@ def test_names_read_at_candidates_equal_the_whole_text_reading_for_every_gap():
     assert sum(map(len, got)) > 150  # names are found, at many gaps
     for text, found in zip(texts, got, strict=True):
         assert found == pii.find_person_names(text), repr(text)
+
+
+def test_text_sizes_in_characters_and_utf8_bytes():
+    rng = random.Random(7)
+    alphabet = "ab \n.é’ﬁ€😀\u0800\u07ff\U00010000"
+    texts = ["", "plain ascii", *("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+                                  for _ in range(200))]  # fmt: skip
+    laid = TextBatch(texts)
+    assert laid.sizes().tolist() == [len(t) for t in texts]
+    assert laid.utf8_sizes().tolist() == [len(t.encode()) for t in texts]
+    ascii_only = TextBatch(["abc", "", "de"])
+    assert ascii_only.utf8_sizes().tolist() == [3, 0, 2]
