@@ -1202,6 +1202,10 @@ class _Prefilter:
             e, i, f = zip(*exprs, strict=True)
             self.db.compile(expressions=list(e), ids=list(i), elements=len(e), flags=list(f))
         self.empty = not exprs
+        self._cmin = np.zeros(self._CONTEXT, dtype=np.int64)
+        self._cmax = np.zeros(self._CONTEXT, dtype=np.int64)
+        for k, (cmin, cmax, _) in self.geometry.items():
+            self._cmin[k], self._cmax[k] = cmin, cmax
         self._scratch = hyperscan.Scratch  # one scratch space per thread (Hyperscan's rule)
         self._local = threading.local()
 
@@ -1232,40 +1236,51 @@ class _Prefilter:
             ends[name] = e - 2 - two - self._name_len[ids[name] - self._NAMES]  # its start
         docs = batch.doc_of(ends - (~name))  # (a start is in its text; an end, just after)
         at = batch.offsets[docs]
-        view, solid = batch.view, self.solid
-        geometry = self.geometry
-        spaced: dict[int, int] = {}
-        if solid:
-            pick = np.isin(ids, sorted(solid))
-            order = np.argsort(ends[pick], kind="stable")
-            spaced = _after_last_space(view, ends[pick][order].tolist(), at[pick][order].tolist())
-        for i, g, e, d, a in zip(
-            ids.tolist(), ends.tolist(), (ends - at).tolist(), docs.tolist(), at.tolist(),
-            strict=True,
-        ):  # fmt: skip
-            if i >= self._NAMES:
-                starts[d].append(e)
-            elif i == self._APOSTROPHE:
-                starts[d].append(e - 3)  # the token's first letter: "O" of "O'B"
-            elif i >= self._CONTEXT:
-                k = (i - self._CONTEXT) // 10
-                types[d].setdefault(k, []).append((i - self._CONTEXT - 10 * k, e))
-            elif i in geometry:
-                # A match starting at s has a core match [s, e) with cmin <= e - s <= cmax.
-                cmin, cmax, _ = geometry[i]
-                if i in solid:  # after the last whitespace before the end (or the text's start)
-                    lo = spaced[g] - a
+        e = ends - at  # offsets in their texts
+        # Name starts: a name report's start, or the first letter of an apostrophe token's.
+        pick = ids >= self._APOSTROPHE
+        if pick.any():
+            at_name = np.where(ids[pick] == self._APOSTROPHE, e[pick] - 3, e[pick])
+            d_name = docs[pick]
+            order = np.lexsort((at_name, d_name))
+            d_name, at_name = d_name[order], at_name[order].tolist()
+            cut = np.searchsorted(d_name, np.arange(n + 1)).tolist()
+            for d in np.unique(d_name).tolist():
+                starts[d] = at_name[cut[d] : cut[d + 1]]
+        # The types' reports: (lo, hi) ranges, or a context word's (j, end).
+        pick = ids < self._APOSTROPHE
+        if pick.any():
+            k, g, e, d = ids[pick], ends[pick], e[pick], docs[pick]
+            context = k >= self._CONTEXT
+            near = ~context & np.isin(k, list(self.geometry))
+            lo = np.zeros(len(k), dtype=np.int64)
+            hi = np.zeros(len(k), dtype=np.int64)
+            # A match starting at s has a core match [s, e) with cmin <= e - s <= cmax.
+            lo[near] = e[near] - self._cmax[k[near]]
+            hi[near] = e[near] - self._cmin[k[near]]
+            solid = near & np.isin(k, list(self.solid))
+            if solid.any():  # after the last whitespace before the end (or the text's start)
+                order = np.argsort(g[solid], kind="stable")
+                spaced = _after_last_space(
+                    batch.view, g[solid][order].tolist(), at[pick][solid][order].tolist()
+                )
+                lo[solid] = np.array([spaced[x] for x in g[solid].tolist()]) - at[pick][solid]
+            np.maximum(lo, 0, out=lo)
+            j = k[context] - self._CONTEXT
+            lo[context], hi[context] = j % 10, e[context]  # (j, end)
+            k[context] = j // 10
+            whole = ~context & ~near  # (none: a type Hyperscan cannot compile reports nothing)
+            order = np.lexsort((hi, lo, k, d))
+            k, d, lo, hi, whole = k[order], d[order], lo[order], hi[order], whole[order]
+            cut = np.flatnonzero((np.diff(k) != 0) | (np.diff(d) != 0)) + 1
+            cut = [0, *cut.tolist(), len(k)]
+            ks, ds, ws = k.tolist(), d.tolist(), whole.tolist()
+            lo, hi = lo.tolist(), hi.tolist()
+            for a, b in zip(cut, cut[1:]):  # one group per (text, type), ranges sorted
+                if ws[a]:
+                    types[ds[a]][ks[a]] = None
                 else:
-                    lo = e - cmax
-                types[d].setdefault(i, []).append((max(0, lo), e - cmin))
-            else:
-                types[d][i] = None
-        for per_type in types:
-            for spans in per_type.values():
-                if spans is not None:
-                    spans.sort()  # (a context type's order does not matter)
-        for s in starts:
-            s.sort()
+                    types[ds[a]].setdefault(ks[a], list(zip(lo[a:b], hi[a:b])))
         return types, starts
 
 
