@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pandas as pd
@@ -73,28 +74,33 @@ class LeakScanner:
         """Per text, its findings as tuples of :data:`FINDING_COLUMNS`; and the texts' word
         counts as the stores count them (a text shorter than a span never matches); with
         ``sizes``, also the texts' characters and UTF-8 bytes (int64 arrays)."""
-        from mia_ray.features.leaks import sentence_bounds_many
+        import numpy as np
+
+        from mia_ray.features.leaks import sentence_bounds_batch
         from mia_ray.features.pii import PERSON_NAME, scan_pii_many
         from mia_ray.features.textbatch import TextBatch
 
         # One layout of the whole batch serves the PII prefilter, the stores' vocabulary
-        # prefilter, the word counts and the copied spans' instances.
+        # prefilter, the word counts, the PII values' sentences and the copied spans' instances.
         laid = TextBatch(texts)
         pii = scan_pii_many(texts, self.pii_types, names=self.names, batch=laid)
         spans = [
             (category, store.ref_ids, store.match_many(laid))
             for category, store in self.stores.items()
         ]
+        # The instance the output and detection rates probe: a PII value's sentence
+        # (instance_span's), all of the batch's at once.
+        probed = [(i, m.start, m.end) for i, ms in enumerate(pii) for m in ms if m.type != PERSON_NAME]
+        if probed:
+            d, a, b = np.array(probed, dtype=np.int64).T
+            a, b = sentence_bounds_batch(laid, d, a, b)
+            sentences = iter(zip(a.tolist(), b.tolist(), strict=True))
         found = []
         words = self.instance_words
         _, word_ends, first = laid.words
         offsets = laid.offsets.tolist()
         for i, text in enumerate(texts):
             rows = []
-            # The instance the output and detection rates probe: a PII value's sentence
-            # (instance_span's), all of a text's at once.
-            probed = [(m.start, m.end) for m in pii[i] if m.type != PERSON_NAME]
-            sentences = iter(sentence_bounds_many(text, probed))
             for m in pii[i]:
                 a = instance = None
                 if m.type != PERSON_NAME:
@@ -147,11 +153,16 @@ class LeakScanner:
                     "findings": pa.array(cols["findings"], pa.large_string()),
                 }
             )
-        return pd.DataFrame(
-            {"doc_id": batch["doc_id"].to_numpy(), "shard": batch["shard"].to_numpy(), **cols},
-            index=pd.RangeIndex(len(texts)),
-            copy=False,
-        )
+        # The columns as a DataFrame makes them from Python strings (pandas 3: its str dtype),
+        # without a round trip through Python objects where they already are.
+        text_dtype = _text_dtype()
+        if isinstance(text_dtype, pd.StringDtype):
+            cols["findings"] = pd.array(cols["findings"], dtype=text_dtype)
+        ids = {
+            c: batch[c].array if batch[c].dtype == text_dtype else batch[c].to_numpy()
+            for c in ("doc_id", "shard")
+        }
+        return pd.DataFrame({**ids, **cols}, index=pd.RangeIndex(len(texts)), copy=False)
 
     def write(self, batch):
         """Scan ``batch``, write its parts, return its counts per shard (see the class)."""
@@ -214,6 +225,12 @@ class LeakScanner:
                 "node": pa.array([node] * len(shards), pa.string()),
             }
         )
+
+
+@functools.cache
+def _text_dtype():
+    """The dtype pandas gives a column made from Python strings."""
+    return pd.Series(["x"]).dtype
 
 
 def _size(text: str) -> int:

@@ -131,12 +131,11 @@ class TextBatch:
         if len(quote):  # an apostrophe (' or ’) between two word characters joins them
             w = w.copy()
             w[quote] = True
-        starts = np.flatnonzero(w[1:] & ~w[:-1]) + 1
-        ends = np.flatnonzero(w[:-1] & ~w[1:]) + 1
-        if n and w[0]:
-            starts = np.concatenate([[0], starts])
-        if n and w[-1]:
-            ends = np.append(ends, n)
+        # Where the flags change (padded with False at both ends): starts and ends alternate.
+        padded = np.zeros(n + 2, dtype=np.int8)
+        padded[1:-1] = w
+        edges = np.flatnonzero(padded[1:] != padded[:-1])
+        starts, ends = edges[0::2], edges[1::2]
         first = np.searchsorted(starts, np.append(self.offsets, n))
         return starts, ends, first
 
