@@ -1197,10 +1197,7 @@ class _Prefilter:
                 exprs.append((rf"{head}[ \t\r\f]{{1,2}}[A-Z]".encode(), self._NAMES + k, 0))
             self._name_len = np.array([n for _, n in heads], dtype=np.int64)
             exprs.append((b"[A-Z]'[A-Z]", self._APOSTROPHE, 0))
-        self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        if exprs:
-            e, i, f = zip(*exprs, strict=True)
-            self.db.compile(expressions=list(e), ids=list(i), elements=len(e), flags=list(f))
+        self.db = _compiled(hyperscan, exprs)
         self.empty = not exprs
         self._cmin = np.zeros(self._CONTEXT, dtype=np.int64)
         self._cmax = np.zeros(self._CONTEXT, dtype=np.int64)
@@ -1282,6 +1279,39 @@ class _Prefilter:
                 else:
                     types[ds[a]].setdefault(ks[a], list(zip(lo[a:b], hi[a:b])))
         return types, starts
+
+
+def _compiled(hyperscan, exprs: list[tuple[bytes, int, int]]):
+    """A block-mode Hyperscan database of ``exprs`` (expression, id, flags); compiling the
+    scanner's takes about a second, so each actor start reads it back from a file
+    (``$MIA_RAY_HOME/hyperscan/``) that the first compile wrote: the same patterns, ids and
+    flags, and the same Hyperscan on the same kind of machine, give the same database."""
+    import os
+    import platform
+
+    mode = hyperscan.HS_MODE_BLOCK
+    key = hashlib.sha256(
+        repr((exprs, getattr(hyperscan, "__version__", ""), platform.machine(), platform.node()))
+        .encode()
+    ).hexdigest()[:32]
+    home = os.environ.get("MIA_RAY_HOME", "~/.cache/mia-ray")
+    path = Path(home).expanduser() / "hyperscan" / f"prefilter-{key}.hsdb"
+    try:
+        return hyperscan.loadb(path.read_bytes(), mode)
+    except Exception:  # noqa: BLE001 - none yet, unreadable or from another CPU: compile it
+        pass
+    db = hyperscan.Database(mode=mode)
+    if exprs:
+        e, i, f = zip(*exprs, strict=True)
+        db.compile(expressions=list(e), ids=list(i), elements=len(e), flags=list(f))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(hyperscan.dumpb(db))
+            os.replace(tmp, path)  # whole or not at all, whoever writes it at the same time
+        except OSError:
+            pass
+    return db
 
 
 def _after_last_space(view: bytes, ends: list[int], firsts: list[int]) -> dict[int, int]:

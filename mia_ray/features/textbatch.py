@@ -24,6 +24,38 @@ _PY_ONLY_SPACE = "\x0b\x1c\x1d\x1e\x1f"
 
 @functools.cache
 def view_table() -> np.ndarray:
+    """(0x110000,) uint8: the view byte of every code point (:func:`_view_table`), read back
+    from ``$MIA_RAY_HOME/hyperscan/`` when this module and Python's Unicode tables made it
+    before (building it runs ``re`` over every code point: about a third of a second)."""
+    import hashlib
+    import os
+    import sys
+    import unicodedata
+    from pathlib import Path
+
+    key = hashlib.sha256(
+        repr((Path(__file__).read_bytes(), sys.version, unicodedata.unidata_version)).encode()
+    ).hexdigest()[:32]
+    home = os.environ.get("MIA_RAY_HOME", "~/.cache/mia-ray")
+    path = Path(home).expanduser() / "hyperscan" / f"view-{key}.npy"
+    try:
+        table = np.load(path, allow_pickle=False)
+        if table.shape == (0x110000,) and table.dtype == np.uint8:
+            return table
+    except Exception:  # noqa: BLE001 - none yet or unreadable: build it
+        pass
+    table = _view_table()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
+        np.save(tmp, table)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return table
+
+
+def _view_table() -> np.ndarray:
     """(0x110000,) uint8: the view byte of every code point.
 
     ASCII maps to itself (the whitespace only Python's ``\\s`` knows, to a space). Any other
