@@ -1201,8 +1201,11 @@ class _Prefilter:
         self.empty = not exprs
         self._cmin = np.zeros(self._CONTEXT, dtype=np.int64)
         self._cmax = np.zeros(self._CONTEXT, dtype=np.int64)
+        self._near = np.zeros(self._CONTEXT, dtype=bool)  # types read near their reports
+        self._solid = np.zeros(self._CONTEXT, dtype=bool)
         for k, (cmin, cmax, _) in self.geometry.items():
             self._cmin[k], self._cmax[k] = cmin, cmax
+            self._near[k], self._solid[k] = True, k in self.solid
         self._scratch = hyperscan.Scratch  # one scratch space per thread (Hyperscan's rule)
         self._local = threading.local()
 
@@ -1249,13 +1252,13 @@ class _Prefilter:
         if pick.any():
             k, g, e, d = ids[pick], ends[pick], e[pick], docs[pick]
             context = k >= self._CONTEXT
-            near = ~context & np.isin(k, list(self.geometry))
+            near = ~context & self._near[np.minimum(k, self._CONTEXT - 1)]
             lo = np.zeros(len(k), dtype=np.int64)
             hi = np.zeros(len(k), dtype=np.int64)
             # A match starting at s has a core match [s, e) with cmin <= e - s <= cmax.
             lo[near] = e[near] - self._cmax[k[near]]
             hi[near] = e[near] - self._cmin[k[near]]
-            solid = near & np.isin(k, list(self.solid))
+            solid = near & self._solid[np.minimum(k, self._CONTEXT - 1)]
             if solid.any():  # after the last whitespace before the end (or the text's start)
                 order = np.argsort(g[solid], kind="stable")
                 spaced = _after_last_space(
