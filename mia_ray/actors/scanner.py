@@ -90,7 +90,9 @@ class LeakScanner:
         ]
         # The instance the output and detection rates probe: a PII value's sentence
         # (instance_span's), all of the batch's at once.
-        probed = [(i, m.start, m.end) for i, ms in enumerate(pii) for m in ms if m.type != PERSON_NAME]
+        probed = [
+            (i, m.start, m.end) for i, ms in enumerate(pii) for m in ms if m.type != PERSON_NAME
+        ]
         if probed:
             d, a, b = np.array(probed, dtype=np.int64).T
             a, b = sentence_bounds_batch(laid, d, a, b)

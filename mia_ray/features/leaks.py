@@ -178,10 +178,8 @@ def sentence_bounds_batch(
     quote = np.flatnonzero(np.frombuffer(view, dtype=np.uint8)[stop] == ord("'"))
     if len(quote):  # a ’ in the text is no break's end
         d = batch.doc_of(stop[quote])
-        bad = [
-            k for k, i, at in zip(quote.tolist(), d.tolist(), (stop[quote] - offsets[d]).tolist())
-            if batch.texts[i][at] != "'"
-        ]  # fmt: skip
+        where = zip(quote.tolist(), d.tolist(), (stop[quote] - offsets[d]).tolist(), strict=True)
+        bad = [k for k, i, at in where if batch.texts[i][at] != "'"]
         if bad:
             first, stop = np.delete(first, bad), np.delete(stop, bad)
     base = offsets[docs]
@@ -204,7 +202,11 @@ def _before(at: np.ndarray, x: np.ndarray, default: int) -> np.ndarray:
 def _after(at: np.ndarray, x: np.ndarray, default: int) -> np.ndarray:
     """The first of sorted ``at`` at or after each ``x`` (``default`` where none is)."""
     k = np.searchsorted(at, x, side="left")
-    return np.where(k < len(at), at[np.minimum(k, len(at) - 1)], default) if len(at) else np.full_like(x, default)
+    return (
+        np.where(k < len(at), at[np.minimum(k, len(at) - 1)], default)
+        if len(at)
+        else np.full_like(x, default)
+    )
 
 
 def instance_span(

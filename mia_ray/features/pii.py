@@ -1163,7 +1163,11 @@ class _Prefilter:
                 for j, w in enumerate(t.context):
                     e = r"\b" if w[-1].isalnum() else ""
                     exprs.append(
-                        (f"{re.escape(w)}{e}".encode(), self._word_id(k, j), hyperscan.HS_FLAG_CASELESS)
+                        (
+                            f"{re.escape(w)}{e}".encode(),
+                            self._word_id(k, j),
+                            hyperscan.HS_FLAG_CASELESS,
+                        )
                     )
                 self.context[k] = len(t.context)
                 continue
@@ -1276,11 +1280,12 @@ class _Prefilter:
             cut = [0, *cut.tolist(), len(k)]
             ks, ds, ws = k.tolist(), d.tolist(), whole.tolist()
             lo, hi = lo.tolist(), hi.tolist()
-            for a, b in zip(cut, cut[1:]):  # one group per (text, type), ranges sorted
+            # One group per (text, type), its ranges sorted.
+            for a, b in zip(cut, cut[1:], strict=False):
                 if ws[a]:
                     types[ds[a]][ks[a]] = None
                 else:
-                    types[ds[a]].setdefault(ks[a], list(zip(lo[a:b], hi[a:b])))
+                    types[ds[a]].setdefault(ks[a], list(zip(lo[a:b], hi[a:b], strict=True)))
         return types, starts
 
 
@@ -1294,8 +1299,9 @@ def _compiled(hyperscan, exprs: list[tuple[bytes, int, int]]):
 
     mode = hyperscan.HS_MODE_BLOCK
     key = hashlib.sha256(
-        repr((exprs, getattr(hyperscan, "__version__", ""), platform.machine(), platform.node()))
-        .encode()
+        repr(
+            (exprs, getattr(hyperscan, "__version__", ""), platform.machine(), platform.node())
+        ).encode()
     ).hexdigest()[:32]
     home = os.environ.get("MIA_RAY_HOME", "~/.cache/mia-ray")
     path = Path(home).expanduser() / "hyperscan" / f"prefilter-{key}.hsdb"
