@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pandas as pd
@@ -69,43 +70,63 @@ class LeakScanner:
         self.spans = spans or {}
         self.write_to = write_to
 
-    def findings(self, texts: list[str]):
+    def findings(self, texts: list[str], sizes: bool = False):
         """Per text, its findings as tuples of :data:`FINDING_COLUMNS`; and the texts' word
-        counts as the stores count them (a text shorter than a span never matches)."""
-        from mia_ray.features.leaks import instance_span, sentence_bounds_many
-        from mia_ray.features.pii import scan_pii_many
+        counts as the stores count them (a text shorter than a span never matches); with
+        ``sizes``, also the texts' characters and UTF-8 bytes (int64 arrays)."""
+        import numpy as np
+
+        from mia_ray.features.leaks import sentence_bounds_batch
+        from mia_ray.features.pii import PERSON_NAME, scan_pii_many
         from mia_ray.features.textbatch import TextBatch
 
         # One layout of the whole batch serves the PII prefilter, the stores' vocabulary
-        # prefilter and the word counts.
+        # prefilter, the word counts, the PII values' sentences and the copied spans' instances.
         laid = TextBatch(texts)
         pii = scan_pii_many(texts, self.pii_types, names=self.names, batch=laid)
         spans = [
             (category, store.ref_ids, store.match_many(laid))
             for category, store in self.stores.items()
         ]
+        # The instance the output and detection rates probe: a PII value's sentence
+        # (instance_span's), all of the batch's at once.
+        probed = [
+            (i, m.start, m.end) for i, ms in enumerate(pii) for m in ms if m.type != PERSON_NAME
+        ]
+        if probed:
+            d, a, b = np.array(probed, dtype=np.int64).T
+            a, b = sentence_bounds_batch(laid, d, a, b)
+            sentences = iter(zip(a.tolist(), b.tolist(), strict=True))
         found = []
         words = self.instance_words
+        _, word_ends, first = laid.words
+        offsets = laid.offsets.tolist()
         for i, text in enumerate(texts):
             rows = []
-            # The instance the output and detection rates probe: a PII value's sentence
-            # (instance_span's), all of a text's at once.
-            probed = [(m.start, m.end) for m in pii[i] if m.type != "person_name"]
-            sentences = iter(sentence_bounds_many(text, probed))
             for m in pii[i]:
                 a = instance = None
-                if m.type != "person_name":
+                if m.type != PERSON_NAME:
                     a, b = next(sentences)
                     instance = text[a:b]
                 rows.append(("pii", m.type, m.start, m.end, m.value, "", a, instance))
             for category, ref_ids, per_text in spans:
+                if not per_text[i]:
+                    continue
+                at, w0 = offsets[i], int(first[i])
                 for m in per_text[i]:
-                    a, b = instance_span(text, m.char_start, m.char_end, category, words)
+                    # instance_span's first ``words`` words of the span, from the text's words
+                    # (a span starts and ends at a word's edges, so its words are the text's).
+                    n = m.word_end - m.word_start
+                    k = min(n, words) - 1
+                    b = int(word_ends[w0 + m.word_start + (k if k >= 0 else k + n)]) - at
+                    a = m.char_start
                     rows.append((
-                        category, category, m.char_start, m.char_end,
-                        text[m.char_start : m.char_end], ref_ids[m.ref], a, text[a:b],
+                        category, category, a, m.char_end,
+                        text[a : m.char_end], ref_ids[m.ref], a, text[a:b],
                     ))  # fmt: skip
             found.append(rows)
+        if sizes:
+            return found, laid.word_counts(), laid.sizes(), laid.utf8_sizes()
         return found, laid.word_counts()
 
     def __call__(self, batch):
@@ -114,11 +135,11 @@ class LeakScanner:
         arrow = isinstance(batch, pa.Table)
         if self.write_to:
             return self.write(batch if arrow else pa.Table.from_pandas(batch, preserve_index=False))
-        texts = batch.column("text").to_pylist() if arrow else list(batch["text"])
-        found, words = self.findings(texts)
+        texts = batch.column("text").to_pylist() if arrow else batch["text"].tolist()
+        found, words, chars, sizes = self.findings(texts, sizes=True)
         cols = {
-            "chars": [len(t) for t in texts],
-            "bytes": [_size(t) for t in texts],
+            "chars": chars,
+            "bytes": sizes,
             "words": words,
             "findings": [f"[{', '.join(map(_finding_json, f))}]" if f else "[]" for f in found],
         }
@@ -134,9 +155,16 @@ class LeakScanner:
                     "findings": pa.array(cols["findings"], pa.large_string()),
                 }
             )
-        return pd.DataFrame(
-            {"doc_id": batch["doc_id"].to_numpy(), "shard": batch["shard"].to_numpy(), **cols}
-        )
+        # The columns as a DataFrame makes them from Python strings (pandas 3: its str dtype),
+        # without a round trip through Python objects where they already are.
+        text_dtype = _text_dtype()
+        if isinstance(text_dtype, pd.StringDtype):
+            cols["findings"] = pd.array(cols["findings"], dtype=text_dtype)
+        ids = {
+            c: batch[c].array if batch[c].dtype == text_dtype else batch[c].to_numpy()
+            for c in ("doc_id", "shard")
+        }
+        return pd.DataFrame({**ids, **cols}, index=pd.RangeIndex(len(texts)), copy=False)
 
     def write(self, batch):
         """Scan ``batch``, write its parts, return its counts per shard (see the class)."""
@@ -162,8 +190,7 @@ class LeakScanner:
             part = batch.filter(pc.equal(batch.column("shard"), shard))
             ids = part.column("doc_id").to_pylist()
             texts = part.column("text").to_pylist()
-            found, words = self.findings(texts)
-            sizes = [_size(t) for t in texts]
+            found, words, chars, sizes = self.findings(texts, sizes=True)
             name = hashlib.blake2b("\x1f".join(ids).encode(), digest_size=10).hexdigest()
             rows = [(d, *f) for d, fs in zip(ids, found, strict=True) for f in fs]
             columns = list(zip(*rows, strict=True)) if rows else [()] * 9
@@ -181,7 +208,7 @@ class LeakScanner:
                 {
                     "shard": pa.array([shard] * len(ids), pa.string()),
                     "doc_id": pa.array(ids, pa.string()),
-                    "chars": pa.array([len(t) for t in texts], pa.int64()),
+                    "chars": pa.array(chars, pa.int64()),
                     "bytes": pa.array(sizes, pa.int64()),
                     "words": pa.array(words, pa.int64()),
                     "findings": pa.array([len(f) for f in found], pa.int64()),
@@ -200,6 +227,12 @@ class LeakScanner:
                 "node": pa.array([node] * len(shards), pa.string()),
             }
         )
+
+
+@functools.cache
+def _text_dtype():
+    """The dtype pandas gives a column made from Python strings."""
+    return pd.Series(["x"]).dtype
 
 
 def _size(text: str) -> int:

@@ -131,6 +131,84 @@ def sentence_bounds_many(text: str, spans: Sequence[tuple[int, int]]) -> list[tu
     return [(a, b) for a, b in bounds]
 
 
+# A TextBatch view byte's part in a sentence break: 1 [.!?], 2 whitespace other than a line
+# break, 3 a line break, 4 what may follow a break ([A-Z"'(]; in the view ’ reads as ', so a
+# break before one is checked in the text), 0 anything else.
+_BREAK_CLASS = bytes(
+    1 if c in b".!?" else 2 if c in b" \t\r\f\x0b" else 3 if c == 10
+    else 4 if c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZ\"'(" else 0
+    for c in range(256)
+)  # fmt: skip
+_IS_SPACE = np.array([False, False, True, True, False])
+_RUN_STEPS = 8  # whitespace runs read with numpy this far, any longer with a regex
+_SPACE_RUN = re.compile(rb"[ \t\n\r\f\x0b]*")
+
+
+def sentence_bounds_batch(
+    batch, docs: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sentence_bounds` of spans ``[starts[k], ends[k])`` of texts ``docs[k]`` of a
+    :class:`~mia_ray.features.textbatch.TextBatch`, all at once: every break of the batch's
+    view (a whitespace run after [.!?] before [A-Z"'(], within one text) and line break is
+    located with numpy, and each span's bounds are looked up in them. Returns the bounds
+    (starts, ends), offsets in their texts."""
+    view, offsets = batch.view, batch.offsets
+    n = len(view)
+    cls = np.frombuffer(view.translate(_BREAK_CLASS), dtype=np.uint8)
+    lines = np.flatnonzero(cls == 3)
+    punct = np.flatnonzero(cls[:-1] == 1)
+    first = punct[_IS_SPACE[cls[punct + 1]]] + 1  # where a run after [.!?] starts
+    stop = first + 1  # where it ends (the first character that is not whitespace)
+    going = np.flatnonzero(stop < n)
+    for _ in range(_RUN_STEPS):
+        going = going[_IS_SPACE[cls[stop[going]]]]
+        if not len(going):
+            break
+        stop[going] += 1
+        going = going[stop[going] < n]
+    else:
+        for k in going.tolist():
+            stop[k] = _SPACE_RUN.match(view, int(stop[k])).end()
+    keep = stop < n
+    keep[keep] = cls[stop[keep]] == 4
+    first, stop = first[keep], stop[keep]
+    # A run that holds the line break between two texts is no break in either.
+    same = batch.doc_of(first - 1) == batch.doc_of(stop)
+    first, stop = first[same], stop[same]
+    quote = np.flatnonzero(np.frombuffer(view, dtype=np.uint8)[stop] == ord("'"))
+    if len(quote):  # a ’ in the text is no break's end
+        d = batch.doc_of(stop[quote])
+        where = zip(quote.tolist(), d.tolist(), (stop[quote] - offsets[d]).tolist(), strict=True)
+        bad = [k for k, i, at in where if batch.texts[i][at] != "'"]
+        if bad:
+            first, stop = np.delete(first, bad), np.delete(stop, bad)
+    base = offsets[docs]
+    lo, hi = base + starts, base + ends
+    tail = base + np.fromiter(map(len, batch.texts), dtype=np.int64, count=len(batch.texts))[docs]
+    # From the last break ending at or before the start, or the line break before it.
+    a = np.maximum(_before(stop, lo, 0), _before(lines, lo - 1, -1) + 1)
+    a = np.maximum(a, base)
+    # To the first break starting at or after the end, or line break at or after it.
+    b = np.minimum(np.minimum(_after(first, hi, n), _after(lines, hi, n)), tail)
+    return a - base, b - base
+
+
+def _before(at: np.ndarray, x: np.ndarray, default: int) -> np.ndarray:
+    """The last of sorted ``at`` at or before each ``x`` (``default`` where none is)."""
+    k = np.searchsorted(at, x, side="right") - 1
+    return np.where(k >= 0, at[np.maximum(k, 0)], default) if len(at) else np.full_like(x, default)
+
+
+def _after(at: np.ndarray, x: np.ndarray, default: int) -> np.ndarray:
+    """The first of sorted ``at`` at or after each ``x`` (``default`` where none is)."""
+    k = np.searchsorted(at, x, side="left")
+    return (
+        np.where(k < len(at), at[np.minimum(k, len(at) - 1)], default)
+        if len(at)
+        else np.full_like(x, default)
+    )
+
+
 def instance_span(
     text: str, start: int, end: int, category: str, max_words: int
 ) -> tuple[int, int]:

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import ipaddress
 import json
+import operator
 import re
 import string
 import threading
@@ -80,6 +81,32 @@ class PiiType:
             words = sorted(self.context, key=len, reverse=True)  # longest alternative first
             alt = "|".join(re.escape(w) for w in words)
             object.__setattr__(self, "context_re", re.compile(rf"(?<!\w)(?:{alt})(?!\w)", re.I))
+
+    def context_ends_at(self, text: str, reports: list[tuple[int, int]]) -> list[int] | None:
+        """:meth:`context_ends` from the prefilter's reports ``(k, end)`` of context word k
+        (every place its word may end, any case), or None where ``text`` lower-cases to
+        another length (then :meth:`context_ends` reads it with the regex)."""
+        if not text.isascii() and len(text.lower()) != len(text):
+            return None
+        # Lower-casing never shortens a character: at the same length each character maps
+        # to one, so text[i:j].lower() is the lower-cased text's [i:j].
+        ends = set()
+        size = len(text)
+        for k, j in reports:
+            w = self._context_lower[k]
+            i = j - len(w)
+            if (
+                i >= 0
+                and text[i:j].lower() == w
+                and not (w[0].isalnum() and i and _is_word(text[i - 1]))
+                and not (w[-1].isalnum() and j < size and _is_word(text[j]))
+            ):
+                ends.add(j)
+        return sorted(ends)
+
+    @functools.cached_property
+    def _context_lower(self) -> tuple[str, ...]:
+        return tuple(w.lower() for w in self.context)
 
     def context_ends(self, text: str, lower: str) -> list[int]:
         """Sorted end offsets of the context words in ``text`` (``lower`` is text.lower())."""
@@ -566,16 +593,20 @@ PRIORITY: dict[str, int] = {t.name: t.priority for t in PII_TYPES}  # person nam
 _CONTEXT_SLACK = 64  # longer than any context-type match, so a window never truncates one
 
 
-def _find(t: PiiType, text: str, lower: str) -> Iterable[PiiMatch]:
+def _find(
+    t: PiiType, text: str, lower: str | None, ends: Iterable[int] | None = None
+) -> Iterable[PiiMatch]:
+    """``t``'s matches in ``text`` (``lower``: text.lower()); for a context-gated type,
+    ``ends``: its context words' ends (sorted) when already known, else found in ``lower``."""
     if t.hints and not any(h in text for h in t.hints):
         return
     if not t.context:
         starts: Iterable[tuple[int, int]] = ((0, len(text)),)
     else:
         # Look for the context words first: they are rare, the candidates are not.
-        starts = (
-            (e, min(len(text), e + t.window + _CONTEXT_SLACK)) for e in t.context_ends(text, lower)
-        )
+        if ends is None:
+            ends = t.context_ends(text, lower)
+        starts = ((e, min(len(text), e + t.window + _CONTEXT_SLACK)) for e in ends)
     seen: set[int] = set()
     for pos, endpos in starts:
         limit = pos + t.window if t.context else len(text)
@@ -1108,12 +1139,19 @@ class _Prefilter:
     letter ("O'Brien": its key may be a first name). A type whose pattern Hyperscan cannot
     compile is always read whole."""
 
-    # Pattern ids: a type's index; 999 the apostrophe token; 1000 + k the k-th name pattern.
-    _NAMES, _APOSTROPHE = 1000, 999
+    # Pattern ids: a type's index; 100 + 10 * k + j the j-th context word of type k; 999 the
+    # apostrophe token; 1000 + k the k-th name pattern.
+    _CONTEXT, _APOSTROPHE, _NAMES = 100, 999, 1000
+
+    def _word_id(self, k: int, j: int) -> int:
+        if j >= 10 or self._CONTEXT + 10 * k + j >= self._APOSTROPHE:
+            raise ValueError("too many context words for the prefilter's pattern ids")
+        return self._CONTEXT + 10 * k + j
 
     def __init__(self, hyperscan, chosen: tuple[PiiType, ...], names: bool):
         exprs: list[tuple[bytes, int, int]] = []  # (expression, id, flags)
         self.always: set[int] = set()  # types read whole in every text
+        self.context: dict[int, int] = {}  # context-gated types: how many words each
         # Types whose core matches are of any length but hold no whitespace: a match starts
         # after the last whitespace before its core's end.
         self.solid: set[int] = set()
@@ -1122,9 +1160,16 @@ class _Prefilter:
         self.geometry: dict[int, tuple[int, int, int]] = {}
         for k, t in enumerate(chosen):
             if t.context:
-                for w in t.context:
+                for j, w in enumerate(t.context):
                     e = r"\b" if w[-1].isalnum() else ""
-                    exprs.append((f"{re.escape(w)}{e}".encode(), k, hyperscan.HS_FLAG_CASELESS))
+                    exprs.append(
+                        (
+                            f"{re.escape(w)}{e}".encode(),
+                            self._word_id(k, j),
+                            hyperscan.HS_FLAG_CASELESS,
+                        )
+                    )
+                self.context[k] = len(t.context)
                 continue
             core = _core(_without_lookarounds(t.pattern.pattern))
             try:
@@ -1156,11 +1201,15 @@ class _Prefilter:
                 exprs.append((rf"{head}[ \t\r\f]{{1,2}}[A-Z]".encode(), self._NAMES + k, 0))
             self._name_len = np.array([n for _, n in heads], dtype=np.int64)
             exprs.append((b"[A-Z]'[A-Z]", self._APOSTROPHE, 0))
-        self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        if exprs:
-            e, i, f = zip(*exprs, strict=True)
-            self.db.compile(expressions=list(e), ids=list(i), elements=len(e), flags=list(f))
+        self.db = _compiled(hyperscan, exprs)
         self.empty = not exprs
+        self._cmin = np.zeros(self._CONTEXT, dtype=np.int64)
+        self._cmax = np.zeros(self._CONTEXT, dtype=np.int64)
+        self._near = np.zeros(self._CONTEXT, dtype=bool)  # types read near their reports
+        self._solid = np.zeros(self._CONTEXT, dtype=bool)
+        for k, (cmin, cmax, _) in self.geometry.items():
+            self._cmin[k], self._cmax[k] = cmin, cmax
+            self._near[k], self._solid[k] = True, k in self.solid
         self._scratch = hyperscan.Scratch  # one scratch space per thread (Hyperscan's rule)
         self._local = threading.local()
 
@@ -1168,7 +1217,8 @@ class _Prefilter:
         self, batch: TextBatch
     ) -> tuple[list[dict[int, list[tuple[int, int]] | None]], list[list[int]]]:
         """Per text: the types to read (type index: the ranges, sorted, outside which no match
-        starts, or None to read the text whole) and the candidate name starts (sorted)."""
+        starts; None to read the text whole; for a context-gated type, a list of ``(j, end)``:
+        where its j-th context word may end) and the candidate name starts (sorted)."""
         n = len(batch.texts)
         types: list[dict] = [dict.fromkeys(self.always) for _ in range(n)]
         starts: list[list[int]] = [[] for _ in range(n)]
@@ -1190,38 +1240,87 @@ class _Prefilter:
             ends[name] = e - 2 - two - self._name_len[ids[name] - self._NAMES]  # its start
         docs = batch.doc_of(ends - (~name))  # (a start is in its text; an end, just after)
         at = batch.offsets[docs]
-        view, solid = batch.view, self.solid
-        geometry = self.geometry
-        spaced: dict[int, int] = {}
-        if solid:
-            pick = np.isin(ids, sorted(solid))
-            order = np.argsort(ends[pick], kind="stable")
-            spaced = _after_last_space(view, ends[pick][order].tolist(), at[pick][order].tolist())
-        for i, g, e, d, a in zip(
-            ids.tolist(), ends.tolist(), (ends - at).tolist(), docs.tolist(), at.tolist(),
-            strict=True,
-        ):  # fmt: skip
-            if i >= self._NAMES:
-                starts[d].append(e)
-            elif i == self._APOSTROPHE:
-                starts[d].append(e - 3)  # the token's first letter: "O" of "O'B"
-            elif i in geometry:
-                # A match starting at s has a core match [s, e) with cmin <= e - s <= cmax.
-                cmin, cmax, _ = geometry[i]
-                if i in solid:  # after the last whitespace before the end (or the text's start)
-                    lo = spaced[g] - a
+        e = ends - at  # offsets in their texts
+        # Name starts: a name report's start, or the first letter of an apostrophe token's.
+        pick = ids >= self._APOSTROPHE
+        if pick.any():
+            at_name = np.where(ids[pick] == self._APOSTROPHE, e[pick] - 3, e[pick])
+            d_name = docs[pick]
+            order = np.lexsort((at_name, d_name))
+            d_name, at_name = d_name[order], at_name[order].tolist()
+            cut = np.searchsorted(d_name, np.arange(n + 1)).tolist()
+            for d in np.unique(d_name).tolist():
+                starts[d] = at_name[cut[d] : cut[d + 1]]
+        # The types' reports: (lo, hi) ranges, or a context word's (j, end).
+        pick = ids < self._APOSTROPHE
+        if pick.any():
+            k, g, e, d = ids[pick], ends[pick], e[pick], docs[pick]
+            context = k >= self._CONTEXT
+            near = ~context & self._near[np.minimum(k, self._CONTEXT - 1)]
+            lo = np.zeros(len(k), dtype=np.int64)
+            hi = np.zeros(len(k), dtype=np.int64)
+            # A match starting at s has a core match [s, e) with cmin <= e - s <= cmax.
+            lo[near] = e[near] - self._cmax[k[near]]
+            hi[near] = e[near] - self._cmin[k[near]]
+            solid = near & self._solid[np.minimum(k, self._CONTEXT - 1)]
+            if solid.any():  # after the last whitespace before the end (or the text's start)
+                order = np.argsort(g[solid], kind="stable")
+                spaced = _after_last_space(
+                    batch.view, g[solid][order].tolist(), at[pick][solid][order].tolist()
+                )
+                lo[solid] = np.array([spaced[x] for x in g[solid].tolist()]) - at[pick][solid]
+            np.maximum(lo, 0, out=lo)
+            j = k[context] - self._CONTEXT
+            lo[context], hi[context] = j % 10, e[context]  # (j, end)
+            k[context] = j // 10
+            whole = ~context & ~near  # (none: a type Hyperscan cannot compile reports nothing)
+            order = np.lexsort((hi, lo, k, d))
+            k, d, lo, hi, whole = k[order], d[order], lo[order], hi[order], whole[order]
+            cut = np.flatnonzero((np.diff(k) != 0) | (np.diff(d) != 0)) + 1
+            cut = [0, *cut.tolist(), len(k)]
+            ks, ds, ws = k.tolist(), d.tolist(), whole.tolist()
+            lo, hi = lo.tolist(), hi.tolist()
+            # One group per (text, type), its ranges sorted.
+            for a, b in zip(cut, cut[1:], strict=False):
+                if ws[a]:
+                    types[ds[a]][ks[a]] = None
                 else:
-                    lo = e - cmax
-                types[d].setdefault(i, []).append((max(0, lo), e - cmin))
-            else:
-                types[d][i] = None
-        for per_type in types:
-            for spans in per_type.values():
-                if spans is not None:
-                    spans.sort()
-        for s in starts:
-            s.sort()
+                    types[ds[a]].setdefault(ks[a], list(zip(lo[a:b], hi[a:b], strict=True)))
         return types, starts
+
+
+def _compiled(hyperscan, exprs: list[tuple[bytes, int, int]]):
+    """A block-mode Hyperscan database of ``exprs`` (expression, id, flags); compiling the
+    scanner's takes about a second, so each actor start reads it back from a file
+    (``$MIA_RAY_HOME/hyperscan/``) that the first compile wrote: the same patterns, ids and
+    flags, and the same Hyperscan on the same kind of machine, give the same database."""
+    import os
+    import platform
+
+    mode = hyperscan.HS_MODE_BLOCK
+    key = hashlib.sha256(
+        repr(
+            (exprs, getattr(hyperscan, "__version__", ""), platform.machine(), platform.node())
+        ).encode()
+    ).hexdigest()[:32]
+    home = os.environ.get("MIA_RAY_HOME", "~/.cache/mia-ray")
+    path = Path(home).expanduser() / "hyperscan" / f"prefilter-{key}.hsdb"
+    try:
+        return hyperscan.loadb(path.read_bytes(), mode)
+    except Exception:  # noqa: BLE001 - none yet, unreadable or from another CPU: compile it
+        pass
+    db = hyperscan.Database(mode=mode)
+    if exprs:
+        e, i, f = zip(*exprs, strict=True)
+        db.compile(expressions=list(e), ids=list(i), elements=len(e), flags=list(f))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(hyperscan.dumpb(db))
+            os.replace(tmp, path)  # whole or not at all, whoever writes it at the same time
+        except OSError:
+            pass
+    return db
 
 
 def _after_last_space(view: bytes, ends: list[int], firsts: list[int]) -> dict[int, int]:
@@ -1263,8 +1362,20 @@ def _prefilter(types: tuple[str, ...], names: bool) -> _Prefilter | None:
         return None
 
 
+_START = operator.attrgetter("start")
+
+
 def _resolve(found: list[PiiMatch]) -> list[PiiMatch]:
     """The overlap rule of :func:`scan_pii` applied to every candidate finding."""
+    # Most texts' candidates do not overlap: the rule then keeps them all, by start.
+    ordered = sorted(found, key=_START)
+    end = -1
+    for m in ordered:
+        if m.start < end or m.start >= m.end:
+            break
+        end = m.end
+    else:
+        return ordered
     found.sort(key=lambda m: (-PRIORITY.get(m.type, -1), -(m.end - m.start), m.start))
     # The pieces between consecutive candidate bounds: two findings overlap when they share
     # one, and the kept ones are disjoint, so marking theirs costs one pass in all (inserting
@@ -1323,6 +1434,13 @@ def scan_pii_many(
         found = []
         for k, spans in read.items():
             t = chosen[k]
+            if spans is not None and t.context:
+                ends = t.context_ends_at(text, spans)
+                if ends is not None:
+                    if ends:
+                        found.extend(_find(t, text, None, ends))
+                    continue
+                spans = None  # read whole, as without the prefilter
             if spans is not None:
                 if not t.hints or any(h in text for h in t.hints):  # as _find
                     _find_near(t, text, spans, pre.geometry[k][2], found)

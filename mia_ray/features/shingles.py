@@ -55,6 +55,22 @@ def _normalised(text: str, starts: np.ndarray, ends: np.ndarray) -> list[str]:
     return joined.lower().split("\n")
 
 
+def _run_words(
+    text: str, starts: np.ndarray, ends: np.ndarray, first: np.ndarray, stop: np.ndarray,
+    idx: np.ndarray,
+) -> list[str]:  # fmt: skip
+    """The normalised words ``idx`` of ``text`` (:func:`_normalised`): the runs of
+    consecutive words ``[first[k], stop[k])``. An ASCII text's are its lower-cased words, read
+    run by run with the word pattern (a run starts and ends at a word's edges)."""
+    if text.isascii():
+        lower, out = text.lower(), []
+        for a, b in zip(starts[first].tolist(), ends[stop - 1].tolist(), strict=True):
+            out += _WORD.findall(lower, a, b)
+        if len(out) == len(idx):
+            return out
+    return _normalised(text, starts[idx], ends[idx])
+
+
 _HASH_CACHE: dict[str, int] = {}
 _HASH_CACHE_SIZE = 1 << 17  # words; about 15 MB
 
@@ -256,7 +272,9 @@ class ShingleStore:
             idx = np.flatnonzero(np.cumsum(inside[:-1]))  # the long runs' words, in order
             if len(idx) < self.span:
                 return []
-            queries = window_hashes(_normalised(text, starts[idx], ends[idx]), self.span)
+            queries = window_hashes(
+                _run_words(text, starts, ends, run_start[long], run_stop[long], idx), self.span
+            )
             whole = idx[self.span - 1 :] - idx[: len(queries)] == self.span - 1
             queries, win = queries[whole], idx[: len(whole)][whole]
         n = len(self.hashes)

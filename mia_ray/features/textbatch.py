@@ -24,6 +24,38 @@ _PY_ONLY_SPACE = "\x0b\x1c\x1d\x1e\x1f"
 
 @functools.cache
 def view_table() -> np.ndarray:
+    """(0x110000,) uint8: the view byte of every code point (:func:`_view_table`), read back
+    from ``$MIA_RAY_HOME/hyperscan/`` when this module and Python's Unicode tables made it
+    before (building it runs ``re`` over every code point: about a third of a second)."""
+    import hashlib
+    import os
+    import sys
+    import unicodedata
+    from pathlib import Path
+
+    key = hashlib.sha256(
+        repr((Path(__file__).read_bytes(), sys.version, unicodedata.unidata_version)).encode()
+    ).hexdigest()[:32]
+    home = os.environ.get("MIA_RAY_HOME", "~/.cache/mia-ray")
+    path = Path(home).expanduser() / "hyperscan" / f"view-{key}.npy"
+    try:
+        table = np.load(path, allow_pickle=False)
+        if table.shape == (0x110000,) and table.dtype == np.uint8:
+            return table
+    except Exception:  # noqa: BLE001 - none yet or unreadable: build it
+        pass
+    table = _view_table()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
+        np.save(tmp, table)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return table
+
+
+def _view_table() -> np.ndarray:
     """(0x110000,) uint8: the view byte of every code point.
 
     ASCII maps to itself (the whitespace only Python's ``\\s`` knows, to a space). Any other
@@ -88,13 +120,31 @@ class TextBatch:
         if joined.isascii():
             self.view = joined.encode("ascii").translate(_ASCII_VIEW)
             self._non_ascii = np.zeros(0, dtype=np.int64)
+            self._non_ascii_codes = np.zeros(0, dtype=np.uint32)
         else:  # the whole batch in one pass: fewer numpy calls than text by text
             codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
             # Sorted view positions of the code points that are not ASCII.
             self._non_ascii = np.flatnonzero(codes >= 128)
+            self._non_ascii_codes = codes[self._non_ascii]
             view = codes.astype(np.uint8)  # ASCII as itself; the few others from the table
             view[self._non_ascii] = view_table()[codes[self._non_ascii]]
             self.view = view.tobytes().translate(_ASCII_VIEW)
+
+    def sizes(self) -> np.ndarray:
+        """(n,) int64: characters per text, ``len(text)``."""
+        return np.fromiter(map(len, self.texts), dtype=np.int64, count=len(self.texts))
+
+    def utf8_sizes(self) -> np.ndarray:
+        """(n,) int64: UTF-8 bytes per text, ``len(text.encode())``: a code point from U+0080
+        takes 2 bytes, from U+0800 3 and from U+10000 4."""
+        out = self.sizes()
+        if len(self._non_ascii):
+            c = self._non_ascii_codes
+            extra = 1 + (c >= 0x800).astype(np.int64) + (c >= 0x10000)
+            out = out + np.bincount(
+                self.doc_of(self._non_ascii), weights=extra, minlength=len(out)
+            ).astype(np.int64)
+        return out
 
     def doc_of(self, positions: np.ndarray) -> np.ndarray:
         """Index of the text holding each view position."""
@@ -113,12 +163,11 @@ class TextBatch:
         if len(quote):  # an apostrophe (' or ’) between two word characters joins them
             w = w.copy()
             w[quote] = True
-        starts = np.flatnonzero(w[1:] & ~w[:-1]) + 1
-        ends = np.flatnonzero(w[:-1] & ~w[1:]) + 1
-        if n and w[0]:
-            starts = np.concatenate([[0], starts])
-        if n and w[-1]:
-            ends = np.append(ends, n)
+        # Where the flags change (padded with False at both ends): starts and ends alternate.
+        padded = np.zeros(n + 2, dtype=np.int8)
+        padded[1:-1] = w
+        edges = np.flatnonzero(padded[1:] != padded[:-1])
+        starts, ends = edges[0::2], edges[1::2]
         first = np.searchsorted(starts, np.append(self.offsets, n))
         return starts, ends, first
 

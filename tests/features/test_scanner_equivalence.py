@@ -276,3 +276,38 @@ def test_names_read_at_candidates_equal_the_whole_text_reading_for_every_gap():
     assert sum(map(len, got)) > 150  # names are found, at many gaps
     for text, found in zip(texts, got, strict=True):
         assert found == pii.find_person_names(text), repr(text)
+
+
+def test_text_sizes_in_characters_and_utf8_bytes():
+    rng = random.Random(7)
+    alphabet = "ab \n.é’ﬁ€😀\u0800\u07ff\U00010000"
+    texts = ["", "plain ascii", *("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+                                  for _ in range(200))]  # fmt: skip
+    laid = TextBatch(texts)
+    assert laid.sizes().tolist() == [len(t) for t in texts]
+    assert laid.utf8_sizes().tolist() == [len(t.encode()) for t in texts]
+    ascii_only = TextBatch(["abc", "", "de"])
+    assert ascii_only.utf8_sizes().tolist() == [3, 0, 2]
+
+
+def test_the_prefilter_database_and_view_table_read_back_from_their_files(tmp_path, monkeypatch):
+    hyperscan = pytest.importorskip("hyperscan")
+    from mia_ray.features import textbatch
+
+    monkeypatch.setenv("MIA_RAY_HOME", str(tmp_path))
+    rng = random.Random(11)
+    texts = [_random_text(rng, 60) for _ in range(20)]
+    want = pii._Prefilter(hyperscan, pii.PII_TYPES, True).scan(TextBatch(texts))
+    (db,) = (tmp_path / "hyperscan").glob("prefilter-*.hsdb")
+    assert pii._Prefilter(hyperscan, pii.PII_TYPES, True).scan(TextBatch(texts)) == want
+    db.write_bytes(b"not a database")  # unreadable: compiled again, and written again
+    assert pii._Prefilter(hyperscan, pii.PII_TYPES, True).scan(TextBatch(texts)) == want
+    assert db.read_bytes() != b"not a database"
+    textbatch.view_table.cache_clear()
+    try:
+        assert np.array_equal(textbatch.view_table(), textbatch._view_table())  # written
+        textbatch.view_table.cache_clear()
+        assert np.array_equal(textbatch.view_table(), textbatch._view_table())  # read back
+        assert len(list((tmp_path / "hyperscan").glob("view-*.npy"))) == 1
+    finally:
+        textbatch.view_table.cache_clear()

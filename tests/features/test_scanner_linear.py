@@ -176,3 +176,26 @@ def test_unbounded_searches_read_on_once_for_many_reports():
         )
         assert [m.value for m in out] == ["bo@example.org"]
         assert counted.read <= 2 * len(text)
+
+
+def test_sentence_bounds_of_a_batch_equal_the_scan_from_the_start(ref):
+    import numpy as np
+
+    from mia_ray.features.leaks import sentence_bounds_batch
+    from mia_ray.features.textbatch import TextBatch
+
+    rng = random.Random(5)
+    pieces = ["a", "B", ".", "!", "?", " ", "  ", "\n", "\n\n", "’", "'", '"', "(", "\u00a0",
+              "\x1c", "\x0b", "x", "Q", "é", "İ", ". ", ".\n", "?  ", " " * 12, "\n" * 9,
+              ". " + " " * 15 + "\n"]  # fmt: skip
+    for _ in range(1500):
+        texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+                 for _ in range(rng.randint(1, 6))]  # fmt: skip
+        spans = [(i, a, rng.randint(a + 1, len(t)))
+                 for i, t in enumerate(texts) if t for a in [rng.randrange(len(t))]]  # fmt: skip
+        if not spans:
+            continue
+        d, a, b = (np.array(x, dtype=np.int64) for x in zip(*spans, strict=True))
+        got_a, got_b = sentence_bounds_batch(TextBatch(texts), d, a, b)
+        want = [ref.sentence_bounds(texts[i], x, y) for i, x, y in spans]
+        assert list(zip(got_a.tolist(), got_b.tolist(), strict=True)) == want, texts
