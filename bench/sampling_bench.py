@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _machine import wait_idle  # noqa: E402
 from _markdown import publish  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -114,6 +115,7 @@ def main() -> None:
     res = {}
     for threads in args.threads:
         for how in ("generate", "batched"):
+            wait_idle()
             env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
             cmd = [sys.executable, __file__, *sys.argv[1:], "--model", args.model,
                    "--side", f"{how}:{threads}"]  # fmt: skip
@@ -127,7 +129,8 @@ def main() -> None:
         "## SaMIA's local sampling: batched against one `generate` per snippet",
         "",
         f"`python bench/sampling_bench.py`, {time.strftime('%Y-%m-%d')}, "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, alone. "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, each side started "
+        "once other work used under 10 % of the machine. "
         f"Model `{Path(args.model).name}`; {n} snippets of {args.words} words of the demo "
         f"world's books, SaMIA's prompts (the first half of the words), {args.samples} samples "
         f"each of as many tokens as the true continuation, top-k 50, in calls of {args.batch} "
