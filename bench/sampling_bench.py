@@ -52,6 +52,14 @@ def requests(backend, n: int, words: int, samples: int):
     return out
 
 
+def demo_tiny() -> str:
+    """The demo world's `tiny` (built on first use)."""
+    from mia_ray.config import WorldConfig
+    from mia_ray.demo.world import ensure_world
+
+    return str(ensure_world(WorldConfig(target="tiny", scale="demo"))["model"])
+
+
 def former(backend, reqs, top_k: int) -> list[list[str]]:
     """The former rule: one `generate` per request, torch's global generator seeded with it."""
     import torch
@@ -103,11 +111,7 @@ def main() -> None:
     ap.add_argument("--side", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help="BENCHMARKS.md to update")
     args = ap.parse_args()
-    if not args.model:
-        from mia_ray.config import WorldConfig
-        from mia_ray.demo.world import ensure_world
-
-        args.model = str(ensure_world(WorldConfig(target="tiny", scale="demo"))["model"])
+    args.model = args.model or demo_tiny()
     if args.side:
         how, threads = args.side.split(":")
         print(json.dumps(side(how, args.model, int(threads), args)))

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _machine import wait_idle  # noqa: E402
 from _markdown import publish  # noqa: E402
+from sampling_bench import demo_tiny  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PASSES = ("scoring", "sampling", "gradient")
@@ -57,8 +58,9 @@ def measure(kind: str, model: str, threads: int, n: int, words: int, fit: bool) 
 
     rows = texts(n + 8, words)
     if kind == "sampling":
-        from mia_ray.backends.local import LocalHFBackend
         from sampling_bench import requests
+
+        from mia_ray.backends.local import LocalHFBackend
 
         backend = LocalHFBackend(model, device="cpu", torch_threads=threads, max_length=256)
         reqs = requests(backend, n + 8, words, 5)
@@ -81,8 +83,8 @@ def measure(kind: str, model: str, threads: int, n: int, words: int, fit: bool) 
 
 
 def busy(threads: int) -> subprocess.Popen:
-    code = ("import torch; torch.set_num_threads(%d); a = torch.randn(1024, 1024)\n"
-            "while True: a @ a") % threads  # fmt: skip
+    code = (f"import torch; torch.set_num_threads({threads}); a = torch.randn(1024, 1024)\n"
+            "while True: a @ a")  # fmt: skip
     return subprocess.Popen([sys.executable, "-c", code])
 
 
@@ -95,11 +97,7 @@ def main() -> None:
     ap.add_argument("--side", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help="BENCHMARKS.md to update")
     args = ap.parse_args()
-    if not args.model:
-        from mia_ray.config import WorldConfig
-        from mia_ray.demo.world import ensure_world
-
-        args.model = str(ensure_world(WorldConfig(target="tiny", scale="demo"))["model"])
+    args.model = args.model or demo_tiny()
     if args.side:
         kind, threads = args.side.split(":")
         fit = threads.endswith("fit")

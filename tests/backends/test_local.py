@@ -175,8 +175,8 @@ def _hand_sample(backend, prompt: str, n: int, max_tokens: int, seed: int, top_k
 
 
 def test_samples_follow_the_rule_and_do_not_depend_on_their_batch(local, monkeypatch):
-    from mia_ray.backends import SampleRequest
     from mia_ray import backends
+    from mia_ray.backends import SampleRequest
 
     prompts = ["The old man walked slowly along the river bank and", "To be, or not",
                "She opened the letter, read it twice, then", "Exit"]  # fmt: skip

@@ -284,7 +284,9 @@ class _Plain:
                 top, token = self.model(rows).logits[:, -1].float().topk(top_k, dim=-1)
                 probs = torch.softmax(top, -1)  # the top_k likeliest, likeliest first
                 race = torch.empty_like(probs).exponential_(generator=g)
-                rows = torch.cat([rows, token.gather(-1, (probs / race).argmax(-1, keepdim=True))], 1)
+                rows = torch.cat(
+                    [rows, token.gather(-1, (probs / race).argmax(-1, keepdim=True))], 1
+                )
         eos, out = self.tok.eos_token_id, []
         for new in rows[:, len(ids) :].tolist():
             out.append(self.tok.decode(new[: new.index(eos)] if eos in new else new))
