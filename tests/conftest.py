@@ -198,3 +198,30 @@ def report_snapshot():
         )
 
     return check
+
+
+@pytest.fixture
+def sample_by_hand():
+    """``(model, tokenizer, prompt, n, max_tokens, seed, top_k) -> n texts``: the local
+    backend's sampling rule written out for one request alone, every step a full forward
+    without cache or padding: its generator, seeded with its seed, draws an (n, top_k)
+    exponential race each step over the top_k likeliest tokens (likeliest first), each row
+    takes the token of largest p / E (token i with probability p_i), a row ends at EOS."""
+    import torch
+
+    def sample(model, tok, prompt, n, max_tokens, seed, top_k):
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        g, rows = torch.Generator().manual_seed(seed), torch.tensor([ids] * n)
+        with torch.inference_mode():
+            for _ in range(max_tokens):
+                top, token = model(input_ids=rows).logits[:, -1].float().topk(top_k, dim=-1)
+                probs = torch.softmax(top, dim=-1)
+                race = torch.empty_like(probs).exponential_(generator=g)
+                pick = token.gather(-1, (probs / race).argmax(-1, keepdim=True))
+                rows = torch.cat([rows, pick], 1)
+        eos, out = tok.eos_token_id, []
+        for new in rows[:, len(ids) :].tolist():
+            out.append(tok.decode(new[: new.index(eos)] if eos in new else new))
+        return out
+
+    return sample

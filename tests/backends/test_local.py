@@ -146,35 +146,9 @@ def test_a_continuation_merged_into_the_context_is_an_error(local):
     assert local.loglikelihood([]) == []
 
 
-def _hand_sample(backend, prompt: str, n: int, max_tokens: int, seed: int, top_k: int):
-    """The sampling rule by hand, one request alone, every step a full forward without a
-    cache: at each step the request's generator draws an (n, vocab) exponential race for
-    its rows over the top_k likeliest tokens (likeliest first) and each row takes the token of
-    largest p / E (token i with probability p_i)."""
-    ids = _ids(backend, prompt)
-    g = torch.Generator().manual_seed(seed)
-    rows = [list(ids) for _ in range(n)]
-    ended = [False] * n
-    with torch.inference_mode():
-        for _ in range(max_tokens):
-            logits = backend.model(input_ids=torch.tensor(rows)).logits[:, -1].float()
-            top, token = logits.topk(top_k, dim=-1)  # likeliest first
-            probs = torch.softmax(top, dim=-1)
-            race = torch.empty_like(probs).exponential_(generator=g)
-            nxt = token.gather(-1, (probs / race).argmax(-1, keepdim=True))[:, 0]
-            for r in range(n):
-                if not ended[r]:
-                    ended[r] = int(nxt[r]) == backend.tokenizer.eos_token_id
-                rows[r].append(int(nxt[r]))
-    out = []
-    for r in rows:
-        new = r[len(ids) :]
-        eos = backend.tokenizer.eos_token_id
-        out.append(backend.tokenizer.decode(new[: new.index(eos)] if eos in new else new))
-    return out
-
-
-def test_samples_follow_the_rule_and_do_not_depend_on_their_batch(local, monkeypatch):
+def test_samples_follow_the_rule_and_do_not_depend_on_their_batch(
+    local, monkeypatch, sample_by_hand
+):
     from mia_ray import backends
     from mia_ray.backends import SampleRequest
 
@@ -184,7 +158,8 @@ def test_samples_follow_the_rule_and_do_not_depend_on_their_batch(local, monkeyp
     together = local.sample(reqs, 1.0, 50)
     assert [len(t) for t in together] == [2, 3, 4, 5]
     for r, got in zip(reqs, together, strict=True):
-        assert got == _hand_sample(local, r.prompt, r.n, r.max_tokens, r.seed, 50)
+        hand = sample_by_hand(local.model, local.tokenizer, r.prompt, r.n, r.max_tokens, r.seed, 50)
+        assert got == hand
         assert local.sample([r], 1.0, 50)[0] == got  # alone
     # In another order, and with groups cut small (a request's rows stay together).
     monkeypatch.setattr(backends.local, "SAMPLE_ROWS", 4)

@@ -111,7 +111,9 @@ def test_api_key_is_required_when_set(served_with_key, tiny):
     assert bad.requests_sent == 1
 
 
-def test_sampled_continuations_over_http_are_the_local_backends(served, local, tiny):
+def test_sampled_continuations_over_http_are_the_local_backends(
+    served, local, tiny, sample_by_hand
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mia_ray.backends import SampleRequest
@@ -121,14 +123,10 @@ def test_sampled_continuations_over_http_are_the_local_backends(served, local, t
     remote = api.sample(asks, temperature=1.0, top_k=50)
     assert remote == local.sample(asks, temperature=1.0, top_k=50)
     assert [len(t) for t in remote] == [3, 2] and len(set(remote[0])) > 1
-    # The same draw written out with transformers: seed, then generate the new tokens.
+    # The same draw written out by hand with a model loaded here by transformers.
     tok = AutoTokenizer.from_pretrained(tiny)
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
-    ids = torch.tensor([tok("To be or not to be")["input_ids"]])
-    torch.manual_seed(11)
-    gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=50,
-                         max_new_tokens=6, num_return_sequences=3, pad_token_id=tok.eos_token_id)  # fmt: skip
-    assert remote[0] == tok.batch_decode(gen[:, ids.shape[1] :], skip_special_tokens=True)
+    assert remote[0] == sample_by_hand(model, tok, "To be or not to be", 3, 6, 11, 50)
     assert api.sample(asks[:1], temperature=1.0, top_k=50)[0] == remote[0]  # seeded: again
 
 

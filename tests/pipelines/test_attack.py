@@ -271,27 +271,6 @@ class _Plain:
         norms = [p.grad.abs().max().item() for p in self.model.parameters() if p.grad is not None]
         return float(np.mean(norms))
 
-    def sample(self, prompt: str, n: int, max_tokens: int, seed: int, top_k: int) -> list[str]:
-        """``n`` continuations by the sampling rule: the request's generator, seeded with its
-        seed, draws an (n, top_k) exponential race each step over the top_k likeliest tokens
-        (likeliest first), and each row takes the token of largest p / E (token i with
-        probability p_i); a row stops at EOS."""
-        torch = self.torch
-        ids = self.tok(prompt, add_special_tokens=False)["input_ids"]
-        g, rows = torch.Generator().manual_seed(seed), torch.tensor([ids] * n)
-        with torch.no_grad():
-            for _ in range(max_tokens):
-                top, token = self.model(rows).logits[:, -1].float().topk(top_k, dim=-1)
-                probs = torch.softmax(top, -1)  # the top_k likeliest, likeliest first
-                race = torch.empty_like(probs).exponential_(generator=g)
-                rows = torch.cat(
-                    [rows, token.gather(-1, (probs / race).argmax(-1, keepdim=True))], 1
-                )
-        eos, out = self.tok.eos_token_id, []
-        for new in rows[:, len(ids) :].tolist():
-            out.append(self.tok.decode(new[: new.index(eos)] if eos in new else new))
-        return out
-
 
 @pytest.fixture(scope="module")
 def zoo(tiny_run, test_world):
@@ -380,7 +359,7 @@ def test_the_report_lists_the_passes_each_attack_cost(zoo):
     assert sorted(passes["target"]["attacks"]) == sorted(ATTACKS)
 
 
-def test_samia_matches_its_definition(zoo):
+def test_samia_matches_its_definition(zoo, sample_by_hand):
     import hashlib
     from collections import Counter
 
@@ -396,7 +375,7 @@ def test_samia_matches_its_definition(zoo):
         prompt, rest = row["text"][:end], row["text"][end:]
         seed = int.from_bytes(hashlib.sha256(f"0:{sid}".encode()).digest()[:8], "little")
         n_rest = len(plain.tok(rest, add_special_tokens=False)["input_ids"])
-        samples = plain.sample(prompt, 3, n_rest, seed & (2**63 - 1), 50)
+        samples = sample_by_hand(plain.model, plain.tok, prompt, 3, n_rest, seed & (2**63 - 1), 50)
         ref = Counter(words[half:])
         recall = [sum(min(n, Counter(c.split())[w]) for w, n in ref.items()) / sum(ref.values())
                   for c in samples]  # fmt: skip
