@@ -124,15 +124,19 @@ class LocalHFBackend(Backend):
         order = sorted(range(len(requests)), key=lambda i: -len(prompts[i]))
         out: list[list[str]] = [[] for _ in requests]
         group: list[int] = []
+        rows = 0
         for i in order + [-1]:
-            if group and (i < 0 or sum(requests[j].n for j in group) + requests[i].n > SAMPLE_ROWS):
+            if group and (i < 0 or rows + requests[i].n > SAMPLE_ROWS):
                 texts = self._sample_group(
                     [prompts[j] for j in group], [requests[j] for j in group], temperature, top_k
                 )
                 for j, t in zip(group, texts, strict=True):
                     out[j] = t
-                group = []
+                group, rows = [], 0
+            if i < 0:
+                break
             group.append(i)
+            rows += requests[i].n
         return out
 
     def _sample_group(self, prompts, requests, temperature, top_k):
@@ -185,8 +189,8 @@ class LocalHFBackend(Backend):
                 nxt = torch.where(live, nxt, self.pad_id)
                 drawn[:, t] = nxt
                 ended |= ~live | torch.isin(nxt, self.eos_ids)
-                if bool(ended.all()):
-                    break
+                if t == steps - 1 or bool(ended.all()):
+                    break  # no forward for logits nobody draws from
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 pos = torch.minimum(pos + 1, last)
                 res = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
